@@ -1,0 +1,143 @@
+#pragma once
+// The daemon's configuration (contract §1 flags, §2 YAML keys). A `config` is an immutable value
+// once loaded: it crosses threads only as `std::shared_ptr<const config>`.
+//
+// Every field documents its YAML key, its flag (if any) and its default. The defaults here are the
+// single source of truth; config/ingressd.example.yaml repeats them for operators and a unit test
+// checks that the two agree.
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ingressd/core/units.hpp"
+
+namespace ingressd::config {
+
+using namespace std::chrono_literals;
+
+/// "HOST:PORT" (IPv6 as "[::1]:8000"). Port 0 asks the kernel for a free port (tests).
+struct host_port {
+  std::string host;
+  std::uint16_t port = 0;
+  std::string to_string() const;  // "127.0.0.1:8000" / "[::1]:8000"
+  bool operator==(const host_port&) const = default;
+};
+
+enum class on_failure { fail_closed, fail_open };
+enum class log_level { trace, debug, info, warn, error };
+
+struct topology_settings {
+  std::string file;               ///< topology.file / --topology-file: watched topology document
+  std::string ray_dashboard;      ///< topology.ray_dashboard / --ray-dashboard: http://HOST:PORT
+  std::string url;                ///< topology.url / --topology-url: any URL serving the document
+  duration poll_interval = 1s;    ///< topology.poll_interval: dashboard/URL poll period
+  duration timeout = 2s;          ///< topology.timeout: per poll request
+  std::string local_dial_host;    ///< topology.local_dial_host: dial co-located targets here ("" = their ip)
+  bool operator==(const topology_settings&) const = default;
+};
+
+struct router_settings {
+  std::vector<std::string> methods{"POST"};  ///< router.methods: methods that consult the router
+  duration timeout = 5s;           ///< router.timeout: per attempt (connect + send + full reply)
+  bool forward_body = false;       ///< router.forward_body: send the first body_limit bytes to the router
+  std::uint64_t body_limit = 256 * 1024;      ///< router.body_limit: cap on the body copy
+  std::string session_header = "x-session-id"; ///< router.session_header ("" disables), lowercased
+  on_failure failure_mode = on_failure::fail_closed;  ///< router.on_failure
+  bool operator==(const router_settings&) const = default;
+};
+
+struct upstream_settings {
+  duration connect_timeout = 2s;       ///< upstream.connect_timeout
+  duration first_byte_timeout = 300s;  ///< upstream.first_byte_timeout: request sent -> response head
+  duration idle_timeout = 300s;        ///< upstream.idle_timeout: between response body reads
+  unsigned retries = 3;                ///< upstream.retries: connect attempts on other replicas
+  unsigned max_idle_per_replica = 64;  ///< upstream.max_idle_per_replica: pooled conns per worker
+  bool operator==(const upstream_settings&) const = default;
+};
+
+struct client_settings {
+  duration header_timeout = 10s;       ///< client.header_timeout: total time for the request head
+  duration body_timeout = 60s;         ///< client.body_timeout: idle time between body reads
+  duration keepalive_timeout = 75s;    ///< client.keepalive_timeout: idle time between requests
+  std::uint64_t max_header_bytes = 64 * 1024;        ///< client.max_header_bytes -> 431
+  std::uint64_t max_body_bytes = 64ull * 1024 * 1024; ///< client.max_body_bytes -> 413
+  unsigned max_connections = 20000;    ///< client.max_connections
+  bool operator==(const client_settings&) const = default;
+};
+
+struct health_settings {
+  std::string path = "/-/healthz";  ///< health.path: replica health endpoint
+  duration interval = 5s;           ///< health.interval
+  duration fast_interval = 250ms;   ///< health.fast_interval: while transitioning or down
+  unsigned fall = 2;                ///< health.fall: failed checks to mark down
+  unsigned rise = 2;                ///< health.rise: passed checks to mark up
+  duration timeout = 2s;            ///< health.timeout
+  bool operator==(const health_settings&) const = default;
+};
+
+struct drain_settings {
+  duration min_period = 30s;  ///< drain.min_period: after SIGTERM healthz fails, still accepting
+  duration timeout = 600s;    ///< drain.timeout: then in-flight streams get at most this long
+  bool operator==(const drain_settings&) const = default;
+};
+
+struct config {
+  std::string config_file;                       ///< --config (not a YAML key)
+  host_port listen{"0.0.0.0", 8000};             ///< listen / --listen
+  host_port admin_listen{"127.0.0.1", 9101};     ///< admin_listen / --admin-listen
+  unsigned threads = 0;                          ///< threads / --threads (0 = number of CPUs)
+  std::string node_ip;                           ///< node_ip / --node-ip (contract §3.3)
+  std::string root_path;                         ///< root_path: stripped before route matching
+  log_level level = log_level::info;             ///< log_level / --log-level
+  std::string access_log = "off";                ///< access_log / --access-log: PATH, "-" or "off"
+  topology_settings topology;
+  router_settings router;
+  upstream_settings upstream;
+  client_settings client;
+  health_settings health;
+  drain_settings drain;
+  bool operator==(const config&) const = default;
+
+  /// threads with 0 resolved to the number of CPUs.
+  unsigned effective_threads() const;
+};
+
+/// What the command line asked for.
+struct command_line {
+  config cfg;
+  bool check_config = false;  ///< --check-config
+  bool demo = false;          ///< --demo
+  bool help = false;          ///< --help (usage text is in `usage`)
+  bool version = false;       ///< --version
+};
+
+/// A configuration error: the message names the flag or key (and file line where known).
+struct config_error {
+  std::string message;
+};
+
+/// Parses argv (flags override the --config file). Validates everything, including that exactly
+/// one topology source is set unless `demo`. Never throws.
+std::variant<command_line, config_error> parse_command_line(int argc, const char* const* argv);
+
+/// Loads and validates a YAML config file on top of `base` (used by parse_command_line and by
+/// SIGHUP reload). Unknown keys are errors. Never throws.
+std::variant<config, config_error> load_file(const std::string& path, config base = {});
+
+/// Parses YAML text (same rules as load_file; `origin` names the text in messages).
+std::variant<config, config_error> load_yaml(const std::string& text, const std::string& origin,
+                                             config base = {});
+
+/// Checks cross-field rules (exactly one topology source unless demo, limits > 0, ...).
+std::optional<config_error> validate(const config& cfg, bool demo);
+
+/// The --help text.
+std::string usage();
+
+/// Parses "HOST:PORT" / "[v6]:PORT".
+std::optional<host_port> parse_host_port(std::string_view text);
+
+}  // namespace ingressd::config

@@ -1,0 +1,48 @@
+#pragma once
+// The ingressd daemon as an object: worker threads (one io_context each, each with its own
+// SO_REUSEPORT listener), and a control thread (admin listener, topology publication, signals).
+// main.cpp and the integration tests drive the same object.
+//
+// Thread safety: all public member functions may be called from any thread.
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "ingressd/config/config.hpp"
+#include "ingressd/topology/snapshot.hpp"
+
+namespace ingressd::server {
+
+class daemon {
+ public:
+  explicit daemon(std::shared_ptr<const config::config> cfg);
+  ~daemon();
+  daemon(const daemon&) = delete;
+  daemon& operator=(const daemon&) = delete;
+
+  /// Binds the main and admin listeners and starts all threads. Throws std::system_error when a
+  /// listener cannot be bound (a startup failure: exit code 1).
+  void start();
+
+  /// Publishes a new topology to every worker (they apply it on their own thread).
+  void set_topology(std::shared_ptr<const topology::snapshot> snap);
+  /// The topology most recently published (nullptr before the first).
+  std::shared_ptr<const topology::snapshot> current_topology() const;
+
+  /// The bound ports (useful with port 0).
+  std::uint16_t port() const;
+  std::uint16_t admin_port() const;
+
+  /// SIGTERM: starts the drain of contract §7 and returns at once. `wait()` returns when done.
+  void begin_drain();
+  /// Stops at once: closes listeners and connections, ends all threads.
+  void stop();
+  /// Blocks until all threads have ended (after stop() or a finished drain). Returns the exit code.
+  int wait();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace ingressd::server

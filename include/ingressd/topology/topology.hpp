@@ -1,0 +1,56 @@
+#pragma once
+// The topology document (contract §3.1): Ray's TargetGroup list plus the HTTP fallback target,
+// and the immutable per-snapshot routing view that workers read without locks.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <boost/asio/ip/tcp.hpp>
+
+namespace ingressd::topology {
+
+/// A Ray `Target`: a data-plane replica, a router replica or the fallback proxy.
+struct target {
+  std::string ip;           ///< node IP (an IPv4/IPv6 literal)
+  std::uint16_t port = 0;   ///< direct-ingress port
+  std::string instance_id;  ///< node instance id (informational)
+  std::string name;         ///< actor name; for replicas this is the router's `replica_id`
+  bool operator==(const target&) const = default;
+};
+
+/// One HTTP `TargetGroup` (gRPC groups are dropped at parse time).
+struct app {
+  std::string name;                 ///< app_name
+  std::string route_prefix;         ///< "/" or "/x" (no trailing slash except "/")
+  std::vector<target> replicas;     ///< targets
+  std::vector<target> routers;      ///< ingress_request_router_targets
+  bool router_fallback = false;     ///< ingress_router_fallback: fail open for this app
+  bool operator==(const app&) const = default;
+};
+
+/// A validated topology document.
+struct document {
+  std::vector<app> apps;                 ///< in document order
+  std::optional<target> http_fallback;   ///< fallback_targets.HTTP
+  std::vector<std::string> warnings;     ///< e.g. "ignored gRPC group 'x'" (logged once by the caller)
+  bool operator==(const document& o) const { return apps == o.apps && http_fallback == o.http_fallback; }
+};
+
+struct parse_error {
+  std::string message;  ///< names the field, e.g. "target_groups[1].targets[0].port: not an integer"
+};
+
+/// Parses a topology document: `{"target_groups": [...], "fallback_targets": {...}}` or a full
+/// `ServeInstanceDetails`, as JSON or YAML (JSON is tried first when the text starts with '{').
+/// Rejects the whole document on wrong types, missing required fields, non-IP addresses, bad
+/// ports and duplicate route prefixes. Never throws.
+std::variant<document, parse_error> parse_document(std::string_view text);
+
+/// Normalises a route prefix: "" -> "/", trailing slashes removed except for "/".
+std::string normalise_prefix(std::string_view prefix);
+
+}  // namespace ingressd::topology
