@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -125,6 +126,10 @@ std::variant<command_line, config_error> parse_command_line(int argc, const char
 
 /// Loads and validates a YAML config file on top of `base` (used by parse_command_line and by
 /// SIGHUP reload). Unknown keys are errors. Never throws.
+///
+/// Every key's value is checked here (with its file line in the message); the cross-field rules,
+/// including the topology-source rule that depends on flags and --demo, are left to `validate`,
+/// which callers run on the final config. Sets `config_file` to `path`.
 std::variant<config, config_error> load_file(const std::string& path, config base = {});
 
 /// Parses YAML text (same rules as load_file; `origin` names the text in messages).
@@ -132,12 +137,18 @@ std::variant<config, config_error> load_yaml(const std::string& text, const std:
                                              config base = {});
 
 /// Checks cross-field rules (exactly one topology source unless demo, limits > 0, ...).
+/// With `demo`, no topology source may be set (the demo brings its own). Also re-checks every
+/// single-value rule, for configs built in code rather than loaded.
 std::optional<config_error> validate(const config& cfg, bool demo);
 
 /// The --help text.
 std::string usage();
 
-/// Parses "HOST:PORT" / "[v6]:PORT".
+/// Parses "HOST:PORT" / "[v6]:PORT". HOST is a host name, an IPv4 address or a bracketed IPv6
+/// address; PORT is 0-65535.
 std::optional<host_port> parse_host_port(std::string_view text);
+
+/// Every YAML key load_yaml accepts, dotted ("router.timeout"), in contract §2 order.
+std::vector<std::string_view> known_keys();
 
 }  // namespace ingressd::config

@@ -46,9 +46,11 @@ struct snapshot {
   std::uint64_t generation = 0;          ///< increases with each published change
   std::chrono::system_clock::time_point updated{};
 
-  /// Number of apps with routers, replicas in total, routers in total (for the change log line).
+  /// For the change log line: router targets in total (all of them, not just the pools),
+  /// replica targets in total, and apps that have at least one router target.
   std::size_t router_count() const;
   std::size_t replica_count() const;
+  std::size_t apps_with_routers() const;
 };
 
 /// Builds the routing view. `local_dial_host` ("" = none) replaces the ip of co-located targets

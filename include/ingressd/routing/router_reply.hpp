@@ -1,0 +1,46 @@
+#pragma once
+// Ray's /internal/route protocol, sans I/O (contract §4.2; ray-serve-ingress.md §2.1): building
+// the router request and interpreting the reply.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ingressd::routing {
+
+/// What a complete router reply means.
+struct router_reply {
+  enum class kind {
+    pinned,       ///< 200 with a string replica_id
+    non_200,      ///< any other status: final, no failover
+    unparseable,  ///< 200 without a usable replica_id (or with invalid request_headers)
+  };
+  kind what = kind::unparseable;
+  std::string replica_id;
+  /// Headers to set on the forwarded request (validated: token names, no CR/LF/NUL in values).
+  std::vector<std::pair<std::string, std::string>> request_headers;
+};
+
+/// Interprets a complete reply. The body is parsed with a real JSON parser; a flat object with a
+/// string `replica_id` is what every Ray router sends.
+router_reply parse_router_reply(unsigned status, std::string_view body);
+
+/// Inputs of one router request.
+struct router_request_parts {
+  std::string_view host;            ///< "ip:port" of the router
+  std::string_view body;            ///< empty, or the body prefix when forward_body is on
+  std::optional<std::uint64_t> truncated_total;  ///< client Content-Length when body was cut
+  std::string_view session_header;  ///< configured name ("" = none)
+  std::string_view session_value;   ///< client's value ("" = none sent)
+  std::string_view request_id;
+};
+
+/// The exact bytes of `POST /internal/route` (HTTP/1.1 keep-alive).
+std::string build_router_request(const router_request_parts& p);
+
+/// True when `name` is an HTTP token (RFC 9110 §5.6.2).
+bool is_token(std::string_view name) noexcept;
+
+}  // namespace ingressd::routing

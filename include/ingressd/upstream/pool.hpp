@@ -1,0 +1,54 @@
+#pragma once
+// Per-worker pools of idle keep-alive connections to replicas and routers, keyed by endpoint.
+// Thread safety: none — a pool belongs to one worker and is touched only on that worker's thread.
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/beast/core/flat_buffer.hpp>
+
+#include "ingressd/core/asio.hpp"
+
+namespace ingressd::upstream {
+
+/// One upstream HTTP/1.1 connection and the read buffer that belongs to it (bytes read past a
+/// response stay with the connection, and a connection with leftovers is never pooled).
+struct connection {
+  explicit connection(const asio::any_io_executor& ex) : sock(ex) {}
+  tcp::socket sock;
+  boost::beast::flat_buffer buf;
+  std::string key;      ///< endpoint key ("ip:port")
+  bool reused = false;  ///< true when taken from the pool (a first-write failure may be staleness)
+  std::chrono::steady_clock::time_point idle_since{};
+};
+using connection_ptr = std::unique_ptr<connection>;
+
+class pool {
+ public:
+  explicit pool(unsigned max_idle_per_endpoint) : max_idle_(max_idle_per_endpoint) {}
+
+  /// The most recently pooled live connection to `key`, or nullptr. Connections the peer has
+  /// closed (or that have unexpected bytes waiting) are found with a non-blocking peek and closed.
+  connection_ptr take(const std::string& key);
+  /// Returns a connection for reuse; closed instead when the endpoint already has the maximum.
+  void put(connection_ptr c);
+  /// Closes idle connections of endpoints for which keep(key) is false (topology change).
+  void retain(const std::function<bool(const std::string&)>& keep);
+  /// Closes idle connections idle for longer than `max_idle` or found dead by a peek.
+  void sweep(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration max_idle);
+  void close_all();
+  std::size_t idle_count() const;
+  void set_max_idle(unsigned n) { max_idle_ = n; }
+
+ private:
+  static bool alive(connection& c);
+  unsigned max_idle_;
+  std::unordered_map<std::string, std::vector<connection_ptr>> idle_;
+};
+
+}  // namespace ingressd::upstream

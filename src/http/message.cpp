@@ -1,0 +1,109 @@
+#include "ingressd/http/message.hpp"
+
+#include <array>
+#include <charconv>
+
+#include <boost/beast/http/status.hpp>
+
+namespace ingressd::http {
+
+bool iequals(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x + 32);
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y + 32);
+    if (x != y) return false;
+  }
+  return true;
+}
+
+hop_filter::hop_filter(const bhttp::fields& f) {
+  auto it = f.find(bhttp::field::connection);
+  if (it != f.end()) connection_ = it->value();
+}
+
+bool hop_filter::skip(std::string_view name) const noexcept {
+  static constexpr std::array<std::string_view, 8> fixed{
+      "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade",
+      "content-length", "http2-settings"};
+  for (auto h : fixed)
+    if (iequals(name, h)) return true;
+  // Names listed in Connection are hop-by-hop for this message (RFC 9110 §7.6.1).
+  std::string_view rest = connection_;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    auto token = rest.substr(0, comma);
+    while (!token.empty() && (token.front() == ' ' || token.front() == '\t')) token.remove_prefix(1);
+    while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
+    if (!token.empty() && iequals(token, name)) return true;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
+void append_field(std::string& out, std::string_view name, std::string_view value) {
+  out.append(name).append(": ").append(value).append("\r\n");
+}
+
+bool valid_field_value(std::string_view v) noexcept {
+  for (char c : v)
+    if (c == '\r' || c == '\n' || c == '\0') return false;
+  return true;
+}
+
+void append_status_line(std::string& out, unsigned status, unsigned version,
+                        std::string_view reason_phrase) {
+  out.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
+  char num[8];
+  auto [end, ec] = std::to_chars(num, num + sizeof num, status);
+  out.append(num, end);
+  out.push_back(' ');
+  if (reason_phrase.empty()) reason_phrase = bhttp::obsolete_reason(static_cast<bhttp::status>(status));
+  out.append(reason_phrase).append("\r\n");
+}
+
+std::string make_response(unsigned status, std::string_view content_type, std::string_view body,
+                          bool close, unsigned version, bool head_only,
+                          std::string_view serve_reason) {
+  std::string out;
+  out.reserve(160 + body.size());
+  append_status_line(out, status, version);
+  if (!content_type.empty()) append_field(out, "Content-Type", content_type);
+  if (!serve_reason.empty()) append_field(out, "X-Serve-Reason", serve_reason);
+  append_field(out, "Content-Length", std::to_string(body.size()));
+  if (close)
+    append_field(out, "Connection", "close");
+  else if (version == 10)
+    append_field(out, "Connection", "keep-alive");
+  out.append("\r\n");
+  if (!head_only) out.append(body);
+  return out;
+}
+
+std::string make_reason_response(reason r, bool close, unsigned version, bool head_only,
+                                 std::string_view path) {
+  std::string body;
+  auto name = to_string(r);
+  if (is_router_failure(r)) {
+    body.append("Ingress request router failed: ").append(name);
+  } else if (r == reason::no_route) {
+    // Ray's text (ray-serve-ingress.md §2.2), so clients that match on it keep working.
+    body.append("Path '").append(path).append("' not found. Ping http://.../-/routes for available routes.");
+  } else {
+    body.append(bhttp::obsolete_reason(static_cast<bhttp::status>(status_of(r))))
+        .append(": ")
+        .append(name);
+  }
+  return make_response(status_of(r), "text/plain", body, close, version, head_only, name);
+}
+
+std::size_t chunk_header(char* out, std::size_t n) noexcept {
+  auto [end, ec] = std::to_chars(out, out + 16, n, 16);
+  end[0] = '\r';
+  end[1] = '\n';
+  return static_cast<std::size_t>(end + 2 - out);
+}
+
+}  // namespace ingressd::http

@@ -1,0 +1,136 @@
+#include "server/admin.hpp"
+
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ingressd/http/message.hpp"
+#include "server/worker.hpp"
+
+namespace ingressd::server {
+
+namespace bhttp = boost::beast::http;
+
+admin_server::admin_server(asio::io_context& ioc, const tcp::endpoint& ep, handlers h)
+    : ioc_(ioc), acceptor_(ioc), h_(std::move(h)) {
+  acceptor_.open(ep.protocol());
+  acceptor_.set_option(asio::socket_base::reuse_address(true));
+  acceptor_.bind(ep);
+  acceptor_.listen();
+  port_ = acceptor_.local_endpoint().port();
+}
+
+void admin_server::start() {
+  asio::co_spawn(ioc_, accept_loop(), [](std::exception_ptr) {});
+}
+
+void admin_server::stop() {
+  error_code ignored;
+  acceptor_.close(ignored);
+}
+
+awaitable<void> admin_server::accept_loop() {
+  while (acceptor_.is_open()) {
+    auto [ec, sock] = co_await acceptor_.async_accept(nothrow);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) break;
+      continue;
+    }
+    asio::co_spawn(ioc_, serve(std::move(sock)), [](std::exception_ptr) {});
+  }
+}
+
+awaitable<void> admin_server::serve(tcp::socket sock) {
+  // One request per connection: the admin endpoints are scraped, not hammered.
+  boost::beast::flat_buffer buf;
+  bhttp::request_parser<bhttp::string_body> p;
+  p.header_limit(16 * 1024);
+  p.body_limit(64 * 1024);
+  asio::steady_timer deadline(ioc_);
+  deadline.expires_after(std::chrono::seconds(10));
+  deadline.async_wait([&sock](error_code ec) {
+    if (!ec) {
+      error_code ignored;
+      sock.cancel(ignored);
+    }
+  });
+  auto [ec, n] = co_await bhttp::async_read(sock, buf, p, nothrow);
+  std::string response;
+  if (ec) {
+    response = http::make_response(400, "text/plain", "Bad Request", true);
+  } else {
+    std::string_view target = p.get().target();
+    auto path = target.substr(0, target.find('?'));
+    const bool head_only = p.get().method() == bhttp::verb::head;
+    if (p.get().method() != bhttp::verb::get && !head_only) {
+      response = http::make_response(405, "text/plain", "Method Not Allowed", true);
+    } else if (path == "/metrics") {
+      response = http::make_response(200, "text/plain; version=0.0.4", metrics_text(), true, 11, head_only);
+    } else if (path == "/topology") {
+      response = http::make_response(200, "application/json", topology_json(), true, 11, head_only);
+    } else {
+      response = http::make_response(404, "text/plain", "Not Found", true, 11, head_only);
+    }
+  }
+  co_await asio::async_write(sock, asio::buffer(response), nothrow);
+  deadline.cancel();
+  error_code ignored;
+  sock.shutdown(tcp::socket::shutdown_send, ignored);
+  sock.close(ignored);
+}
+
+std::string admin_server::metrics_text() const {
+  std::uint64_t requests = 0, conns = 0, streams = 0;
+  for (const auto* w : h_.workers()) {
+    requests += w->stats().requests.get();
+    conns += w->stats().active_connections.get();
+    streams += w->stats().active_streams.get();
+  }
+  std::string out;
+  out += "# HELP ingressd_requests_received_total Requests whose head was read.\n";
+  out += "# TYPE ingressd_requests_received_total counter\n";
+  out += fmt::format("ingressd_requests_received_total {}\n", requests);
+  out += "# HELP ingressd_active_connections Open client connections.\n";
+  out += "# TYPE ingressd_active_connections gauge\n";
+  out += fmt::format("ingressd_active_connections {}\n", conns);
+  out += "# HELP ingressd_active_streams Responses being relayed.\n";
+  out += "# TYPE ingressd_active_streams gauge\n";
+  out += fmt::format("ingressd_active_streams {}\n", streams);
+  return out;
+}
+
+std::string admin_server::topology_json() const {
+  nlohmann::json j;
+  auto snap = h_.topology();
+  if (!snap) {
+    j["loaded"] = false;
+    return j.dump();
+  }
+  j["loaded"] = true;
+  j["node_ip"] = snap->node_ip;
+  j["generation"] = snap->generation;
+  j["last_update"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(snap->updated)));
+  auto& apps = j["apps"] = nlohmann::json::array();
+  for (const auto& a : snap->apps) {
+    nlohmann::json app;
+    app["name"] = a.name;
+    app["route_prefix"] = a.route_prefix;
+    app["router_fallback"] = a.router_fallback;
+    auto& pool = app["router_pool"] = nlohmann::json::array();
+    for (const auto& r : a.router_pool)
+      pool.push_back({{"address", r.key}, {"name", r.name}, {"colocated", r.colocated}});
+    auto& reps = app["replicas"] = nlohmann::json::array();
+    for (const auto& r : a.replicas)
+      reps.push_back({{"address", r.key}, {"name", r.name}, {"colocated", r.colocated}});
+    apps.push_back(std::move(app));
+  }
+  if (snap->fallback) j["fallback"] = {{"address", snap->fallback->key}, {"name", snap->fallback->name}};
+  return j.dump();
+}
+
+}  // namespace ingressd::server

@@ -1,0 +1,43 @@
+#pragma once
+// The admin listener (contract §5): GET /metrics and GET /topology, served on the control thread.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ingressd/core/asio.hpp"
+#include "ingressd/topology/snapshot.hpp"
+
+namespace ingressd::server {
+
+class worker;
+struct shared_state;
+
+class admin_server {
+ public:
+  struct handlers {
+    std::function<std::shared_ptr<const topology::snapshot>()> topology;
+    std::function<std::vector<const worker*>()> workers;
+    shared_state* shared = nullptr;
+  };
+  /// Binds at once (throws std::system_error on failure).
+  admin_server(asio::io_context& ioc, const tcp::endpoint& ep, handlers h);
+  void start();
+  void stop();
+  std::uint16_t port() const { return port_; }
+
+  /// The bodies, exposed for tests and reuse.
+  std::string metrics_text() const;
+  std::string topology_json() const;
+
+ private:
+  awaitable<void> accept_loop();
+  awaitable<void> serve(tcp::socket sock);
+
+  asio::io_context& ioc_;
+  tcp::acceptor acceptor_;
+  handlers h_;
+  std::uint16_t port_ = 0;
+};
+
+}  // namespace ingressd::server

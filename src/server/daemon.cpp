@@ -1,0 +1,168 @@
+#include "ingressd/server/daemon.hpp"
+
+#include <mutex>
+#include <thread>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ingressd/http/message.hpp"
+#include "server/admin.hpp"
+#include "server/worker.hpp"
+
+namespace ingressd::server {
+
+namespace {
+
+tcp::endpoint to_endpoint(const config::host_port& hp) {
+  std::string host = hp.host == "localhost" ? "127.0.0.1" : hp.host;
+  return {asio::ip::make_address(host), hp.port};
+}
+
+}  // namespace
+
+struct daemon::impl {
+  explicit impl(std::shared_ptr<const config::config> c) : cfg(std::move(c)) {}
+
+  std::shared_ptr<const config::config> cfg;
+  shared_state shared;
+  std::vector<std::unique_ptr<worker>> workers;
+  std::vector<std::thread> threads;
+  asio::io_context control{1};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> control_guard;
+  std::thread control_thread;
+  std::unique_ptr<admin_server> admin;
+  mutable std::mutex snap_mu;
+  std::shared_ptr<const topology::snapshot> snap;
+  std::uint16_t port = 0;
+  std::mutex stop_mu;
+  bool stopped = false;
+  bool joined = false;
+  std::optional<asio::steady_timer> drain_timer;
+
+  void stop_all() {
+    std::lock_guard lk(stop_mu);
+    if (stopped) return;
+    stopped = true;
+    for (auto& w : workers) asio::post(w->ioc(), [w = w.get()] { w->abort_all(); });
+    asio::post(control, [this] {
+      if (admin) admin->stop();
+      if (drain_timer) drain_timer->cancel();
+      control_guard.reset();
+    });
+  }
+
+  std::uint64_t open_connections() const {
+    std::uint64_t n = 0;
+    for (auto& w : workers) n += w->stats().active_connections.get();
+    return n;
+  }
+
+  // Drain (contract §7): runs on the control thread.
+  void drain_phase_accepting(std::chrono::steady_clock::time_point hard_deadline) {
+    for (auto& w : workers)
+      asio::post(w->ioc(), [w = w.get()] {
+        w->stop_accepting();
+        w->close_idle();
+      });
+    spdlog::info("drain: stopped accepting; {} connections open", open_connections());
+    drain_wait(hard_deadline);
+  }
+
+  void drain_wait(std::chrono::steady_clock::time_point hard_deadline) {
+    if (open_connections() == 0 || std::chrono::steady_clock::now() >= hard_deadline) {
+      if (open_connections() > 0) spdlog::warn("drain: timeout, aborting {} connections", open_connections());
+      else spdlog::info("drain: complete");
+      stop_all();
+      return;
+    }
+    drain_timer->expires_after(std::chrono::milliseconds(50));
+    drain_timer->async_wait([this, hard_deadline](error_code ec) {
+      if (!ec) drain_wait(hard_deadline);
+    });
+  }
+};
+
+daemon::daemon(std::shared_ptr<const config::config> cfg) : impl_(std::make_unique<impl>(std::move(cfg))) {}
+
+daemon::~daemon() {
+  stop();
+  wait();
+}
+
+void daemon::start() {
+  auto& d = *impl_;
+  const unsigned n = d.cfg->effective_threads();
+  auto ep = to_endpoint(d.cfg->listen);
+  for (unsigned i = 0; i < n; ++i) {
+    d.workers.push_back(std::make_unique<worker>(i, d.cfg, d.shared));
+    // The first worker may bind port 0; the others share the port it got.
+    d.workers.back()->bind(ep);
+    if (i == 0) ep.port(d.workers[0]->port());
+  }
+  d.port = ep.port();
+  d.admin = std::make_unique<admin_server>(d.control, to_endpoint(d.cfg->admin_listen), admin_server::handlers{
+      [this] { return current_topology(); },
+      [this] {
+        std::vector<const worker*> ws;
+        for (auto& w : impl_->workers) ws.push_back(w.get());
+        return ws;
+      },
+      &d.shared});
+  d.control_guard.emplace(d.control.get_executor());
+  d.drain_timer.emplace(d.control);
+  d.admin->start();
+  for (auto& w : d.workers) d.threads.emplace_back([w = w.get()] { w->run(); });
+  d.control_thread = std::thread([&d] { d.control.run(); });
+}
+
+void daemon::set_topology(std::shared_ptr<const topology::snapshot> snap) {
+  {
+    std::lock_guard lk(impl_->snap_mu);
+    impl_->snap = snap;
+  }
+  for (auto& w : impl_->workers) asio::post(w->ioc(), [w = w.get(), snap] { w->apply(snap); });
+}
+
+std::shared_ptr<const topology::snapshot> daemon::current_topology() const {
+  std::lock_guard lk(impl_->snap_mu);
+  return impl_->snap;
+}
+
+std::uint16_t daemon::port() const { return impl_->port; }
+std::uint16_t daemon::admin_port() const { return impl_->admin ? impl_->admin->port() : 0; }
+
+void daemon::begin_drain() {
+  auto& d = *impl_;
+  if (d.shared.draining.exchange(true)) return;
+  asio::post(d.control, [&d] {
+    spdlog::info("drain: /-/healthz now fails; accepting for {}ms more", d.cfg->drain.min_period.count());
+    auto hard_deadline = std::chrono::steady_clock::now() + d.cfg->drain.min_period + d.cfg->drain.timeout;
+    d.drain_timer->expires_after(d.cfg->drain.min_period);
+    d.drain_timer->async_wait([&d, hard_deadline](error_code ec) {
+      if (!ec) d.drain_phase_accepting(hard_deadline);
+    });
+  });
+}
+
+void daemon::stop() {
+  if (impl_->workers.empty() && !impl_->control_thread.joinable()) return;
+  impl_->stop_all();
+}
+
+int daemon::wait() {
+  auto& d = *impl_;
+  if (d.joined) return 0;
+  for (auto& t : d.threads)
+    if (t.joinable()) t.join();
+  if (d.control_thread.joinable()) d.control_thread.join();
+  d.joined = true;
+  return 0;
+}
+
+}  // namespace ingressd::server

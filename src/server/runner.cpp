@@ -1,0 +1,229 @@
+#include "ingressd/server/runner.hpp"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <boost/asio/ip/udp.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "ingressd/config/config.hpp"
+#include "ingressd/core/asio.hpp"
+#include "ingressd/server/daemon.hpp"
+#include "ingressd/topology/snapshot.hpp"
+#include "ingressd/topology/topology.hpp"
+
+namespace ingressd::server {
+
+namespace {
+
+struct node_ip_choice {
+  std::string ip;
+  std::string how;
+};
+
+/// The host part of an http:// URL ("http://10.0.0.1:8265/x" -> "10.0.0.1").
+std::string url_host(const std::string& url) {
+  std::string_view s = url;
+  if (auto p = s.find("://"); p != std::string_view::npos) s.remove_prefix(p + 3);
+  s = s.substr(0, s.find('/'));
+  if (!s.empty() && s.front() == '[') return std::string(s.substr(1, s.find(']') - 1));
+  return std::string(s.substr(0, s.find(':')));
+}
+
+/// Contract §3.3: flag/config, then RAY_NODE_IP_ADDRESS, then the source address the kernel picks
+/// to reach the topology source's host (127.0.0.1 for a file source).
+node_ip_choice resolve_node_ip(const config::config& cfg) {
+  if (!cfg.node_ip.empty()) return {cfg.node_ip, "--node-ip/node_ip"};
+  if (const char* env = std::getenv("RAY_NODE_IP_ADDRESS"); env && *env) return {env, "RAY_NODE_IP_ADDRESS"};
+  std::string url = !cfg.topology.ray_dashboard.empty() ? cfg.topology.ray_dashboard : cfg.topology.url;
+  if (!url.empty()) {
+    // A connected UDP socket sends nothing; it only asks the kernel which source address it would use.
+    error_code ec;
+    asio::io_context ioc;
+    asio::ip::udp::socket s(ioc);
+    auto addr = asio::ip::make_address(url_host(url), ec);
+    if (!ec) {
+      s.open(addr.is_v4() ? asio::ip::udp::v4() : asio::ip::udp::v6(), ec);
+      if (!ec) s.connect({addr, 9}, ec);
+      if (!ec) {
+        auto local = s.local_endpoint(ec);
+        if (!ec) return {local.address().to_string(), "source address towards " + url_host(url)};
+      }
+    }
+  }
+  return {"127.0.0.1", "default for a file source"};
+}
+
+std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+spdlog::level::level_enum to_spdlog(config::log_level l) {
+  switch (l) {
+    case config::log_level::trace: return spdlog::level::trace;
+    case config::log_level::debug: return spdlog::level::debug;
+    case config::log_level::info: return spdlog::level::info;
+    case config::log_level::warn: return spdlog::level::warn;
+    case config::log_level::error: return spdlog::level::err;
+  }
+  return spdlog::level::info;
+}
+
+/// Watches a topology file by polling its identity (inode, size, mtime): catches in-place writes
+/// and rename-into-place alike, within the poll period.
+class file_watch {
+ public:
+  explicit file_watch(std::string path) : path_(std::move(path)) { changed(); }
+  bool changed() {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) != 0) return false;
+    auto id = std::make_tuple(st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    if (id == last_) return false;
+    last_ = id;
+    return true;
+  }
+
+ private:
+  std::string path_;
+  std::tuple<ino_t, off_t, time_t, long> last_{};
+};
+
+}  // namespace
+
+int run(int argc, const char* const* argv) {
+  auto parsed = config::parse_command_line(argc, argv);
+  if (auto* err = std::get_if<config::config_error>(&parsed)) {
+    std::fprintf(stderr, "ingressd: %s\n", err->message.c_str());
+    return 2;
+  }
+  auto& cl = std::get<config::command_line>(parsed);
+  if (cl.help) {
+    std::fputs(config::usage().c_str(), stdout);
+    return 0;
+  }
+  if (cl.version) {
+    std::printf("ingressd %s\n", INGRESSD_VERSION);
+    return 0;
+  }
+  spdlog::set_default_logger(spdlog::stderr_color_mt("ingressd"));
+  spdlog::set_level(to_spdlog(cl.cfg.level));
+  auto cfg = std::make_shared<const config::config>(cl.cfg);
+
+  // Topology at start: a bad file is a configuration error (contract §3.2).
+  topology::document doc;
+  std::string source;
+  if (!cfg->topology.file.empty()) {
+    source = "file " + cfg->topology.file;
+    auto text = read_file(cfg->topology.file);
+    if (!text) {
+      std::fprintf(stderr, "ingressd: --topology-file: cannot read '%s'\n", cfg->topology.file.c_str());
+      return 2;
+    }
+    auto res = topology::parse_document(*text);
+    if (auto* err = std::get_if<topology::parse_error>(&res)) {
+      std::fprintf(stderr, "ingressd: %s: %s\n", cfg->topology.file.c_str(), err->message.c_str());
+      return 2;
+    }
+    doc = std::get<topology::document>(std::move(res));
+  } else if (!cfg->topology.ray_dashboard.empty()) {
+    source = "ray dashboard " + cfg->topology.ray_dashboard;
+  } else if (!cfg->topology.url.empty()) {
+    source = "url " + cfg->topology.url;
+  }
+  auto node = resolve_node_ip(*cfg);
+
+  if (cl.check_config) {
+    std::printf("configuration OK: listen %s, admin %s, threads %u, node ip %s (%s), topology %s\n",
+                cfg->listen.to_string().c_str(), cfg->admin_listen.to_string().c_str(),
+                cfg->effective_threads(), node.ip.c_str(), node.how.c_str(), source.c_str());
+    return 0;
+  }
+
+  daemon d(cfg);
+  try {
+    d.start();
+  } catch (const std::exception& e) {
+    spdlog::error("cannot start: {}", e.what());
+    return 1;
+  }
+  spdlog::info("ingressd {} listening on {} (admin {}), {} threads, node ip {} ({}), topology {}",
+               INGRESSD_VERSION, cfg->listen.to_string(), cfg->admin_listen.to_string(),
+               cfg->effective_threads(), node.ip, node.how, source);
+
+  std::uint64_t generation = 0;
+  auto publish = [&](topology::document next) {
+    for (const auto& w : next.warnings) spdlog::warn("topology: {}", w);
+    auto snap = topology::make_snapshot(std::move(next), node.ip, cfg->topology.local_dial_host, ++generation);
+    spdlog::info("topology: {} apps, {} routers, {} replicas (generation {})", snap->apps.size(),
+                 snap->router_count(), snap->replica_count(), snap->generation);
+    d.set_topology(std::move(snap));
+  };
+  if (!cfg->topology.file.empty()) publish(doc);
+
+  asio::io_context main_ioc(1);
+  asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](error_code ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        spdlog::info("SIGHUP: configuration reload is not implemented yet; ignoring");
+      } else {
+        spdlog::info("{}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        d.begin_drain();
+      }
+      wait_signal();
+    });
+  };
+  wait_signal();
+
+  std::optional<file_watch> watch;
+  asio::steady_timer poll(main_ioc);
+  std::function<void()> poll_file = [&] {
+    poll.expires_after(std::chrono::milliseconds(250));
+    poll.async_wait([&](error_code ec) {
+      if (ec) return;
+      if (watch->changed()) {
+        auto text = read_file(cfg->topology.file);
+        auto res = text ? topology::parse_document(*text) : std::variant<topology::document, topology::parse_error>(
+                                                                 topology::parse_error{"cannot read file"});
+        if (auto* err = std::get_if<topology::parse_error>(&res)) {
+          spdlog::error("topology file {} rejected, keeping the last good topology: {}", cfg->topology.file,
+                        err->message);
+        } else if (auto* next = std::get_if<topology::document>(&res); !(*next == doc)) {
+          doc = *next;
+          publish(std::move(*next));
+        }
+      }
+      poll_file();
+    });
+  };
+  if (!cfg->topology.file.empty()) {
+    watch.emplace(cfg->topology.file);
+    poll_file();
+  }
+
+  std::thread waiter([&] {
+    d.wait();
+    asio::post(main_ioc, [&] {
+      signals.cancel();
+      poll.cancel();
+    });
+  });
+  main_ioc.run();
+  waiter.join();
+  spdlog::info("ingressd exiting");
+  return 0;
+}
+
+}  // namespace ingressd::server

@@ -1,0 +1,861 @@
+#include "server/session.hpp"
+
+#include <array>
+#include <charconv>
+
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "ingressd/http/message.hpp"
+#include "ingressd/routing/route_table.hpp"
+#include "ingressd/routing/router_memory.hpp"
+
+namespace ingressd::server {
+
+namespace beast = boost::beast;
+using http::iequals;
+
+namespace {
+
+constexpr std::size_t relay_size = 16 * 1024;
+/// Body bytes read ahead while a router decides (forward_body off): bounds per-request buffering.
+constexpr std::size_t prebody_cap = 64 * 1024;
+constexpr std::uint32_t router_header_limit = 16 * 1024;
+constexpr std::uint64_t router_body_limit = 1024 * 1024;
+/// Timeout for an attempt at a router that recently gave no reply: a probe, not a full wait.
+constexpr auto router_probe_timeout = std::chrono::seconds(1);
+constexpr std::uint32_t upstream_header_limit = 64 * 1024;
+constexpr std::string_view continue_100 = "HTTP/1.1 100 Continue\r\n\r\n";
+constexpr std::string_view last_chunk = "0\r\n\r\n";
+
+/// The status ingressd answers a request head that failed to parse with (hardening B, D).
+unsigned status_for_parse_error(const error_code& ec) {
+  if (ec == bhttp::error::header_limit) return 431;
+  if (ec == bhttp::error::body_limit) return 413;
+  if (ec == bhttp::error::bad_version) return 505;
+  return 400;
+}
+
+/// Decrements a replica's in-flight count when a proxied request ends, however it ends.
+struct load_guard {
+  replica_load* l = nullptr;
+  void set(replica_load* x) {
+    release();
+    l = x;
+    ++l->in_flight;
+  }
+  void release() {
+    if (l) --l->in_flight;
+    l = nullptr;
+  }
+  ~load_guard() { release(); }
+};
+
+/// Counts a stream as active while a response body is being relayed.
+struct stream_guard {
+  counter& c;
+  explicit stream_guard(counter& x) : c(x) { c.add(); }
+  ~stream_guard() { c.sub(); }
+};
+
+}  // namespace
+
+session::session(worker& w, tcp::socket sock)
+    : w_(w), sock_(std::move(sock)), timer_(w.ioc()), watch_done_(w.ioc()) {
+  error_code ec;
+  auto ep = sock_.remote_endpoint(ec);
+  if (!ec) peer_ = ep.address().to_string();
+  sock_.set_option(tcp::no_delay(true), ec);
+  w_.stats().active_connections.add();
+}
+
+session::~session() {
+  // Idle memory accounting lives with the worker; nothing else to release here.
+  w_.stats().active_connections.sub();
+  w_.shared().connections.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watchdog
+
+void session::arm(clock::duration d, phase p) {
+  deadline_ = clock::now() + d;
+  phase_ = p;
+  timed_out_ = phase::none;
+  if (waits_ > 0 && timer_.expiry() <= deadline_) return;  // fires earlier and re-arms itself
+  timer_.expires_at(deadline_);
+  start_wait();
+}
+
+void session::start_wait() {
+  ++waits_;
+  timer_.async_wait([self = shared_from_this()](error_code ec) {
+    --self->waits_;
+    if (!ec) self->on_deadline();
+  });
+}
+
+void session::on_deadline() {
+  if (deadline_ == clock::time_point::max()) return;
+  if (clock::now() < deadline_) {
+    if (waits_ == 0) {
+      timer_.expires_at(deadline_);
+      start_wait();
+    }
+    return;
+  }
+  timed_out_ = phase_;
+  deadline_ = clock::time_point::max();
+  error_code ignored;
+  sock_.cancel(ignored);
+  if (up_) up_->sock.cancel(ignored);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client watch
+
+void session::start_watch() {
+  watching_ = true;
+  watch_stop_ = false;
+  sock_.async_read_some(buf_.prepare(1024), [self = shared_from_this()](error_code ec, std::size_t n) {
+    self->on_watch(ec, n);
+  });
+}
+
+void session::on_watch(error_code ec, std::size_t n) {
+  if (!ec) {
+    // Pipelined bytes: keep them for the next request and watch on, up to the header limit.
+    buf_.commit(n);
+    if (!watch_stop_ && buf_.size() < w_.cfg().client.max_header_bytes) {
+      sock_.async_read_some(buf_.prepare(1024), [self = shared_from_this()](error_code e, std::size_t m) {
+        self->on_watch(e, m);
+      });
+      return;
+    }
+  } else if (ec != asio::error::operation_aborted) {
+    // EOF or reset: the client is gone. Closing the upstream read makes the replica see its
+    // connection close, which aborts the generation and frees the GPU (hardening G1).
+    client_gone_ = true;
+    error_code ignored;
+    if (up_) up_->sock.cancel(ignored);
+  }
+  watching_ = false;
+  watch_done_.cancel();
+}
+
+awaitable<void> session::stop_watch() {
+  if (!watching_) co_return;
+  watch_stop_ = true;
+  error_code ignored;
+  sock_.cancel(ignored);
+  watch_done_.expires_at(clock::time_point::max());
+  co_await watch_done_.async_wait(nothrow);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void session::hard_close(tcp::socket& s) {
+  // RST instead of FIN: a truncated stream must never look like a clean end (hardening G3).
+  error_code ignored;
+  s.set_option(asio::socket_base::linger(true, 0), ignored);
+  s.close(ignored);
+}
+
+unsigned char* session::relay_buffer() {
+  if (!relay_) relay_.reset(new unsigned char[relay_size]);
+  return relay_.get();
+}
+
+void session::close_if_idle() {
+  close_after_ = true;
+  if (idle_) {
+    error_code ignored;
+    sock_.cancel(ignored);
+  }
+}
+
+void session::abort() {
+  aborted_ = true;
+  close_after_ = true;
+  error_code ignored;
+  sock_.close(ignored);
+  if (up_) up_->sock.close(ignored);
+  if (router_conn_) router_conn_->sock.close(ignored);
+}
+
+bool session::method_routed(std::string_view method) const {
+  for (const auto& m : w_.cfg().router.methods)
+    if (m == method) return true;
+  return false;
+}
+
+awaitable<session::outcome> session::body_error(error_code ec) {
+  if (aborted_) co_return outcome::close;
+  if (timed_out(phase::body))
+    co_return co_await respond(http::make_response(408, "text/plain", "Request Timeout", true), true);
+  if (ec == bhttp::error::body_limit)
+    co_return co_await respond(http::make_response(413, "text/plain", "Content Too Large", true), true);
+  if (ec == asio::error::eof || ec == bhttp::error::partial_message || ec == asio::error::connection_reset)
+    co_return outcome::close;  // the client went away mid-upload
+  co_return co_await respond(http::make_response(400, "text/plain", "Bad Request", true), true);
+}
+
+awaitable<error_code> session::read_prebody(std::size_t cap) {
+  const auto& cfg = w_.cfg();
+  while (!parser_->is_done() && prebody_.size() < cap) {
+    const std::size_t old = prebody_.size();
+    const std::size_t room = std::min(cap - old, relay_size);
+    prebody_.resize(old + room);
+    auto& body = parser_->get().body();
+    body.data = prebody_.data() + old;
+    body.size = room;
+    arm(cfg.client.body_timeout, phase::body);
+    auto [ec, n] = co_await bhttp::async_read_some(sock_, buf_, *parser_, nothrow);
+    if (ec == bhttp::error::need_buffer) ec = {};
+    prebody_.resize(old + room - body.size);
+    if (ec) co_return ec;
+  }
+  co_return error_code{};
+}
+
+awaitable<session::router_exchange> session::router_attempt(const topology::endpoint& ep,
+                                                             const std::string& request,
+                                                             clock::duration timeout) {
+  if (!router_timer_) router_timer_.emplace(w_.ioc());
+  const unsigned gen = ++router_gen_;
+  router_timed_out_ = false;
+  router_timer_->expires_after(timeout);
+  router_timer_->async_wait([self = shared_from_this(), gen](error_code ec) {
+    if (ec || gen != self->router_gen_) return;
+    self->router_timed_out_ = true;
+    error_code ignored;
+    if (self->router_conn_) self->router_conn_->sock.cancel(ignored);
+  });
+  struct timer_stop {
+    session& s;
+    ~timer_stop() {
+      ++s.router_gen_;
+      s.router_conn_ = nullptr;
+      s.router_timer_->cancel();
+    }
+  } stop_timer{*this};
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    upstream::connection_ptr conn = attempt == 0 ? w_.pool().take(ep.key) : nullptr;
+    const bool reused = conn != nullptr;
+    if (!conn) {
+      conn = std::make_unique<upstream::connection>(w_.ioc().get_executor());
+      conn->key = ep.key;
+      router_conn_ = conn.get();
+      auto [ec] = co_await conn->sock.async_connect(ep.dial, nothrow);
+      router_conn_ = nullptr;
+      if (ec || router_timed_out_ || aborted_) co_return router_exchange{};
+      error_code ignored;
+      conn->sock.set_option(tcp::no_delay(true), ignored);
+    }
+    router_conn_ = conn.get();
+    auto [wec, wn] = co_await asio::async_write(conn->sock, asio::buffer(request), nothrow);
+    bhttp::response_parser<bhttp::string_body> rp;
+    rp.header_limit(router_header_limit);
+    rp.body_limit(router_body_limit);
+    error_code rec = wec;
+    if (!wec) std::tie(rec, std::ignore) = co_await bhttp::async_read(conn->sock, conn->buf, rp, nothrow);
+    router_conn_ = nullptr;
+    if (rec) {
+      error_code ignored;
+      conn->sock.close(ignored);
+      // A pooled connection the router had closed fails before any reply byte: that is
+      // staleness, not a router failure; try once more on a fresh connection.
+      if (reused && !rp.got_some() && !router_timed_out_ && !aborted_) continue;
+      co_return router_exchange{};
+    }
+    router_exchange out{true, rp.get().result_int(), std::move(rp.get().body())};
+    if (rp.keep_alive() && conn->buf.size() == 0) w_.pool().put(std::move(conn));
+    co_return out;
+  }
+  co_return router_exchange{};
+}
+
+awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_routers(
+    std::shared_ptr<const topology::snapshot> snap, std::size_t app_index, std::string request_id,
+    std::string body, std::optional<std::uint64_t> truncated_total) {
+  const auto& cfg = w_.cfg();
+  const auto& view = snap->apps[app_index];
+  const auto& pool = view.router_pool;
+  const std::size_t n = pool.size();
+  // The worker's app table matches `snap`: nothing was awaited since the request was routed.
+  const std::size_t start = w_.app(app_index).router_cursor.take(n);
+
+  // The session header, or its -/_ variant (ray-serve-ingress.md §2.1).
+  std::string_view session_value;
+  const auto& req = parser_->get();
+  if (!cfg.router.session_header.empty()) {
+    auto it = req.find(cfg.router.session_header);
+    if (it == req.end()) {
+      std::string alt = cfg.router.session_header;
+      for (auto& c : alt) c = c == '-' ? '_' : c == '_' ? '-' : c;
+      it = req.find(alt);
+    }
+    if (it != req.end() && http::valid_field_value(it->value())) session_value = it->value();
+  }
+
+  // Cursor order, but routers that failed recently go last (router_memory).
+  auto& memory = w_.routers();
+  const auto now = clock::now();
+  std::vector<std::size_t> order;
+  order.reserve(n);
+  std::vector<routing::router_memory::state> states(n);
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::size_t i = 0; i < n; ++i) {
+      std::size_t r = (start + i) % n;
+      if (pass == 0) states[r] = memory.get(pool[r].key, now);
+      bool down = states[r] == routing::router_memory::state::down;
+      if (down == (pass == 1)) order.push_back(r);
+    }
+
+  for (std::size_t r : order) {
+    const auto& ep = pool[r];
+    clock::duration timeout = cfg.router.timeout;
+    if (states[r] != routing::router_memory::state::up) {
+      timeout = std::min<clock::duration>(timeout, router_probe_timeout);
+      memory.probing(ep.key, now);
+    }
+    std::string request = routing::build_router_request(
+        {ep.key, body, truncated_total, cfg.router.session_header, session_value, request_id});
+    auto ex = co_await router_attempt(ep, request, timeout);
+    if (aborted_) co_return std::pair{routing::router_reply{}, std::optional(reason::router_unreachable)};
+    if (!ex.replied) {
+      memory.failed(ep.key, clock::now());
+      spdlog::debug("router {} gave no reply{}", ep.key, router_timed_out_ ? " (timeout)" : "");
+      continue;
+    }
+    memory.replied(ep.key);
+    auto reply = routing::parse_router_reply(ex.status, ex.body);
+    switch (reply.what) {
+      case routing::router_reply::kind::pinned:
+        co_return std::pair{std::move(reply), std::optional<reason>{}};
+      case routing::router_reply::kind::non_200:
+        co_return std::pair{std::move(reply), std::optional(reason::router_non_200)};
+      case routing::router_reply::kind::unparseable:
+        co_return std::pair{std::move(reply), std::optional(reason::unparseable_replica_id)};
+    }
+  }
+  co_return std::pair{routing::router_reply{}, std::optional(reason::router_unreachable)};
+}
+
+awaitable<bool> session::write_all(std::string_view data) {
+  auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(data), nothrow);
+  co_return !ec;
+}
+
+awaitable<session::outcome> session::respond(std::string response, bool close) {
+  arm(w_.cfg().client.header_timeout, phase::head);
+  bool ok = co_await write_all(response);
+  co_return (ok && !close) ? outcome::keep_alive : outcome::close;
+}
+
+awaitable<session::outcome> session::respond_reason(reason r, bool close, std::string_view path) {
+  bool head_only = parser_ && parser_->get().method() == bhttp::verb::head;
+  co_return co_await respond(http::make_reason_response(r, close, 11, head_only, path), close);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+awaitable<void> session::run() {
+  auto self = shared_from_this();
+  while (!aborted_) {
+    if (co_await serve_one() == outcome::close) break;
+  }
+  disarm();
+  timer_.cancel();
+  error_code ignored;
+  if (!aborted_) sock_.shutdown(tcp::socket::shutdown_send, ignored);
+  sock_.close(ignored);
+}
+
+session::outcome session::builtin(std::string_view path, std::string& response) {
+  const auto& req = parser_->get();
+  const bool head_only = req.method() == bhttp::verb::head;
+  const bool close = !parser_->keep_alive() || !parser_->is_done();
+  const bool draining = w_.shared().draining.load(std::memory_order_relaxed);
+  const auto* snap = w_.snap();
+  if (draining) {
+    response = http::make_response(503, "text/plain", "This node is being drained.", close, 11, head_only);
+  } else if (!snap) {
+    response = http::make_response(503, "text/plain", "Route table is not populated yet.", close, 11, head_only);
+  } else if (!w_.healthy()) {
+    response = http::make_response(503, "text/plain", "Service Unavailable", close, 11, head_only);
+  } else if (path == "/-/healthz") {
+    response = http::make_response(200, "text/plain", "success", close, 11, head_only);
+  } else {
+    nlohmann::json routes = nlohmann::json::object();
+    for (const auto& a : snap->apps) routes[a.route_prefix] = a.name;
+    response = http::make_response(200, "application/json", routes.dump(), close, 11, head_only);
+  }
+  return close ? outcome::close : outcome::keep_alive;
+}
+
+awaitable<session::outcome> session::serve_one() {
+  const auto& cfg = w_.cfg();
+  if (buf_.size() == 0) {
+    // Idle between requests: hold no buffers (hardening H3), wait for readability only.
+    parser_.reset();
+    relay_.reset();
+    prebody_.clear();
+    prebody_.shrink_to_fit();
+    buf_.shrink_to_fit();
+    head_.clear();
+    head_.shrink_to_fit();
+    if (close_after_) co_return outcome::close;
+    idle_ = true;
+    arm(cfg.client.keepalive_timeout, phase::idle);
+    auto [ec] = co_await sock_.async_wait(tcp::socket::wait_read, nothrow);
+    idle_ = false;
+    if (ec || close_after_) co_return outcome::close;  // idle timeout, drain or error: quietly
+  }
+
+  arm(cfg.client.header_timeout, phase::head);
+  parser_.emplace();
+  parser_->header_limit(static_cast<std::uint32_t>(cfg.client.max_header_bytes));
+  parser_->body_limit(cfg.client.max_body_bytes);
+  {
+    auto [ec, n] = co_await bhttp::async_read_header(sock_, buf_, *parser_, nothrow);
+    if (ec) {
+      if (aborted_) co_return outcome::close;
+      if (timed_out(phase::head)) {
+        co_return co_await respond(http::make_response(408, "text/plain", "Request Timeout", true), true);
+      }
+      if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+          ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
+        co_return outcome::close;
+      unsigned status = status_for_parse_error(ec);
+      co_return co_await respond(
+          http::make_response(status, "text/plain", bhttp::obsolete_reason(static_cast<bhttp::status>(status)), true), true);
+    }
+  }
+  w_.stats().requests.add();
+  const auto& req = parser_->get();
+  if (req.version() != 11 && req.version() != 10) {
+    co_return co_await respond(http::make_response(505, "text/plain", "HTTP Version Not Supported", true), true);
+  }
+  const bool close = !parser_->keep_alive() || close_after_;
+  std::string_view target = req.target();
+  if (target.empty() || target.front() != '/') {
+    co_return co_await respond(http::make_response(400, "text/plain", "Bad Request", true), true);
+  }
+  std::string_view path = routing::path_of(target);
+  if ((path == "/-/healthz" || path == "/-/routes") &&
+      (req.method() == bhttp::verb::get || req.method() == bhttp::verb::head)) {
+    std::string response;
+    auto o = builtin(path, response);
+    co_return co_await respond(std::move(response), o == outcome::close || close);
+  }
+
+  // Everything below may reply before the body is read; such replies close the connection.
+  const bool unread_body = !parser_->is_done();
+  const auto* snap = w_.snap();
+  if (!snap) co_return co_await respond_reason(reason::no_healthy_replica, close || unread_body);
+  auto stripped = routing::strip_root_path(path, cfg.root_path);
+  std::optional<std::size_t> app;
+  if (stripped) app = snap->routes.match(*stripped);
+  if (!app) co_return co_await respond_reason(reason::no_route, close || unread_body, path);
+
+  std::string upstream_target;
+  if (stripped && stripped->size() != path.size()) {
+    upstream_target.assign(*stripped);
+    upstream_target.append(target.substr(path.size()));
+  } else {
+    upstream_target.assign(target);
+  }
+  co_return co_await proxy(*app, std::move(upstream_target));
+}
+
+awaitable<session::outcome> session::proxy(std::size_t app_index, std::string target) {
+  const auto& cfg = w_.cfg();
+  auto& req = parser_->get();
+  const bool head_only = req.method() == bhttp::verb::head;
+  bool close = !parser_->keep_alive() || close_after_;
+  const bool has_body = !parser_->is_done();
+  const bool chunked_in = parser_->chunked();
+  const unsigned client_version = req.version();
+  prebody_.clear();
+
+  // Expect: only 100-continue is known (RFC 9110 §10.1.1); ingressd answers it itself.
+  bool expect_continue = false;
+  if (auto it = req.find(bhttp::field::expect); it != req.end() && client_version == 11) {
+    if (!iequals(it->value(), "100-continue")) {
+      co_return co_await respond(http::make_response(417, "text/plain", "Expectation Failed", true), true);
+    }
+    expect_continue = has_body;
+  }
+
+  std::string request_id;
+  if (auto it = req.find("x-request-id"); it != req.end() && !it->value().empty() && it->value().size() <= 200 &&
+                                          http::valid_field_value(it->value()))
+    request_id.assign(it->value());
+  else
+    request_id = w_.next_request_id();
+
+  std::shared_ptr<const topology::snapshot> snap = w_.snapshot_ptr();
+  const std::string app_name = snap->apps[app_index].name;
+
+  // Router path (contract §4.2): ask a router which replica serves this request.
+  std::optional<std::size_t> pinned;
+  bool to_fallback = false;
+  std::vector<std::pair<std::string, std::string>> router_headers;
+  const auto& view = snap->apps[app_index];
+  const bool use_router = !view.router_pool.empty() && method_routed(req.method_string());
+  if (use_router) {
+    if (expect_continue) {
+      expect_continue = false;
+      if (!(co_await write_all(continue_100))) co_return outcome::close;
+    }
+    routing::router_reply reply;
+    std::optional<reason> failure;
+    error_code body_ec;
+    if (cfg.router.forward_body) {
+      // The router sees the first body_limit bytes as soon as they have arrived.
+      body_ec = co_await read_prebody(cfg.router.body_limit);
+      if (!body_ec) {
+        std::optional<std::uint64_t> total;
+        if (!chunked_in && parser_->content_length() && *parser_->content_length() > prebody_.size())
+          total = *parser_->content_length();
+        std::tie(reply, failure) = co_await ask_routers(snap, app_index, request_id, prebody_, total);
+      }
+    } else {
+      // The router call starts now; the body keeps arriving meanwhile (bounded by prebody_cap).
+      using namespace asio::experimental::awaitable_operators;
+      auto both = co_await (ask_routers(snap, app_index, request_id, {}, std::nullopt) && read_prebody(prebody_cap));
+      std::tie(reply, failure) = std::get<0>(both);
+      body_ec = std::get<1>(both);
+    }
+    if (aborted_) co_return outcome::close;
+    if (body_ec) co_return co_await body_error(body_ec);
+    if (!failure) {
+      auto it = view.replica_by_name.find(reply.replica_id);
+      if (it != view.replica_by_name.end()) {
+        pinned = it->second;
+        router_headers = std::move(reply.request_headers);
+      } else {
+        failure = reason::unknown_replica_id;
+      }
+    }
+    if (failure) {
+      if (*failure == reason::unknown_replica_id && snap->fallback) {
+        // The router knows a replica we do not yet: the head node's Serve proxy re-picks (Ray #64218).
+        to_fallback = true;
+      } else if (cfg.router.failure_mode == config::on_failure::fail_open || view.router_fallback) {
+        spdlog::debug("router failure {} for app {}: failing open", to_string(*failure), app_name);
+      } else {
+        co_return co_await respond_reason(*failure, true);
+      }
+    }
+  }
+
+  // Choose a replica and connect, retrying other replicas on connect failure (contract §4.3).
+  std::vector<std::string> tried;
+  upstream::connection_ptr conn;
+  load_guard load;
+  unsigned connect_failures = 0;
+  const topology::endpoint* ep = nullptr;
+  for (;;) {
+    if (w_.snapshot_ptr() != snap) {
+      // The topology changed while we were waiting: route again in the new one.
+      auto next = w_.snapshot_ptr();
+      std::optional<std::size_t> idx;
+      for (std::size_t i = 0; i < next->apps.size(); ++i)
+        if (next->apps[i].name == app_name) idx = i;
+      if (!idx) co_return co_await respond_reason(reason::no_healthy_replica, true);
+      if (pinned) {
+        auto it = next->apps[*idx].replica_by_name.find(snap->apps[app_index].replicas[*pinned].name);
+        pinned = it == next->apps[*idx].replica_by_name.end() ? std::nullopt : std::optional(it->second);
+      }
+      snap = next;
+      app_index = *idx;
+    }
+    const auto& v = snap->apps[app_index];
+    auto was_tried = [&](std::size_t r) {
+      for (const auto& k : tried)
+        if (k == v.replicas[r].key) return true;
+      return false;
+    };
+    std::optional<std::size_t> pick;
+    if (to_fallback && snap->fallback && tried.empty()) {
+      ep = &*snap->fallback;
+    } else {
+      // A pinned replica that health checks marked down, or that refused us, falls through.
+      if (pinned && !was_tried(*pinned) && w_.app(app_index).replicas[*pinned]->healthy) pick = pinned;
+      else pick = w_.least_loaded(app_index, was_tried);
+      if (pick) {
+        ep = &v.replicas[*pick];
+      } else if (tried.empty() && snap->fallback) {
+        ep = &*snap->fallback;
+      } else {
+        co_return co_await respond_reason(tried.empty() ? reason::no_healthy_replica : reason::upstream_error,
+                                          true);
+      }
+    }
+    conn = w_.pool().take(ep->key);
+    if (!conn) {
+      conn = std::make_unique<upstream::connection>(w_.ioc().get_executor());
+      conn->key = ep->key;
+      up_ = conn.get();
+      arm(cfg.upstream.connect_timeout, phase::connect);
+      auto [ec] = co_await conn->sock.async_connect(ep->dial, nothrow);
+      up_ = nullptr;
+      if (aborted_) co_return outcome::close;
+      if (ec) {
+        conn.reset();
+        tried.push_back(ep->key);
+        if (++connect_failures > cfg.upstream.retries) co_return co_await respond_reason(reason::upstream_error, true);
+        continue;
+      }
+      error_code ignored;
+      conn->sock.set_option(tcp::no_delay(true), ignored);
+    }
+    if (pick) load.set(w_.app(app_index).replicas[*pick]);
+    break;
+  }
+  up_ = conn.get();
+  struct up_reset {
+    upstream::connection*& p;
+    ~up_reset() { p = nullptr; }
+  } reset_up{up_};
+
+  // Request head, re-framed (contract §4.4).
+  head_.clear();
+  head_.append(req.method_string()).push_back(' ');
+  head_.append(target).append(" HTTP/1.1\r\n");
+  {
+    http::hop_filter hop(req);
+    bool have_host = false;
+    for (const auto& f : req) {
+      auto name = f.name_string();
+      if (hop.skip(name)) continue;
+      switch (f.name()) {
+        case bhttp::field::expect:
+        case bhttp::field::proxy_authorization:
+          continue;
+        case bhttp::field::host:
+          have_host = true;
+          break;
+        default:
+          if (iequals(name, "x-request-id") || iequals(name, "x-forwarded-for") ||
+              iequals(name, "x-forwarded-proto"))
+            continue;
+      }
+      bool replaced = false;
+      for (const auto& [hn, hv] : router_headers) replaced = replaced || iequals(hn, name);
+      if (!replaced) http::append_field(head_, name, f.value());
+    }
+    if (!have_host) http::append_field(head_, "Host", ep->key);
+  }
+  for (const auto& [hn, hv] : router_headers) http::append_field(head_, hn, hv);
+  http::append_field(head_, "X-Forwarded-For", peer_);
+  http::append_field(head_, "X-Forwarded-Proto", "http");
+  http::append_field(head_, "X-Request-Id", request_id);
+  if (has_body) {
+    if (chunked_in)
+      http::append_field(head_, "Transfer-Encoding", "chunked");
+    else
+      http::append_field(head_, "Content-Length", std::to_string(*parser_->content_length()));
+  } else if (auto cl = parser_->content_length(); cl) {
+    http::append_field(head_, "Content-Length", "0");
+  }
+  head_.append("\r\n");
+
+  auto upstream_failed = [&](reason r) -> awaitable<outcome> {
+    hard_close(conn->sock);
+    co_return co_await respond_reason(r, true);
+  };
+
+  // Body: client -> upstream, one piece at a time, with our own framing. Bytes read while the
+  // router was deciding (prebody_) go first.
+  if (expect_continue && !(co_await write_all(continue_100))) co_return outcome::close;
+  {
+    std::array<char, 18> chunk_hdr{};
+    bool head_sent = false;
+    bool pre = !prebody_.empty();
+    unsigned char* relay = has_body ? relay_buffer() : nullptr;
+    while (!head_sent || pre || !parser_->is_done()) {
+      std::size_t got = 0;
+      const void* piece = relay;
+      if (pre) {
+        piece = prebody_.data();
+        got = prebody_.size();
+        pre = false;
+      } else if (!parser_->is_done()) {
+        auto& body = parser_->get().body();
+        body.data = relay;
+        body.size = relay_size;
+        arm(cfg.client.body_timeout, phase::body);
+        auto [ec, n] = co_await bhttp::async_read_some(sock_, buf_, *parser_, nothrow);
+        if (ec == bhttp::error::need_buffer) ec = {};
+        got = relay_size - body.size;
+        if (ec) {
+          hard_close(conn->sock);
+          co_return co_await body_error(ec);
+        }
+      }
+      std::array<asio::const_buffer, 5> bufs;
+      std::size_t nb = 0;
+      if (!head_sent) bufs[nb++] = asio::buffer(head_);
+      if (got) {
+        if (chunked_in) bufs[nb++] = asio::buffer(chunk_hdr.data(), http::chunk_header(chunk_hdr.data(), got));
+        bufs[nb++] = asio::buffer(piece, got);
+        if (chunked_in) bufs[nb++] = asio::buffer("\r\n", 2);
+      }
+      if (chunked_in && has_body && !pre && parser_->is_done()) bufs[nb++] = asio::buffer(last_chunk);
+      if (nb == 0) continue;
+      arm(cfg.client.body_timeout, phase::body);
+      auto [ec, n] = co_await asio::async_write(conn->sock, std::span(bufs.data(), nb), nothrow);
+      if (ec) {
+        if (aborted_) co_return outcome::close;
+        co_return co_await upstream_failed(reason::upstream_error);
+      }
+      head_sent = true;
+    }
+  }
+  prebody_.clear();
+
+  // Response head, skipping interim 1xx responses after forwarding them (hardening F2).
+  start_watch();
+  std::optional<response_parser> rp;
+  for (;;) {
+    rp.emplace();
+    rp->header_limit(upstream_header_limit);
+    rp->body_limit(boost::none);
+    if (head_only) rp->skip(true);
+    arm(cfg.upstream.first_byte_timeout, phase::first_byte);
+    auto [ec, n] = co_await bhttp::async_read_header(conn->sock, conn->buf, *rp, nothrow);
+    if (ec) {
+      co_await stop_watch();
+      if (aborted_) co_return outcome::close;
+      if (client_gone_) {
+        hard_close(conn->sock);
+        co_return outcome::close;
+      }
+      co_return co_await upstream_failed(timed_out(phase::first_byte) ? reason::upstream_timeout
+                                                                       : reason::upstream_error);
+    }
+    unsigned status = rp->get().result_int();
+    if (status >= 200) break;
+    if (status == 101) {
+      co_await stop_watch();
+      co_return co_await upstream_failed(reason::upstream_error);  // we never ask for upgrades
+    }
+    if ((status == 100 && expect_continue) || client_version != 11) continue;
+    head_.clear();
+    http::append_status_line(head_, status, 11, rp->get().reason());
+    http::hop_filter hop(rp->get());
+    for (const auto& f : rp->get())
+      if (!hop.skip(f.name_string())) http::append_field(head_, f.name_string(), f.value());
+    head_.append("\r\n");
+    if (!(co_await write_all(head_))) {
+      co_await stop_watch();
+      hard_close(conn->sock);
+      co_return outcome::close;
+    }
+  }
+
+  auto& res = rp->get();
+  const unsigned status = res.result_int();
+  const bool no_body = head_only || status == 204 || status == 304;
+  const auto length = rp->content_length();
+  const bool chunked_out = !no_body && !length && client_version == 11;
+  if (!no_body && !length && client_version != 11) close = true;  // close-delimited for HTTP/1.0
+  close = close || close_after_;
+
+  head_.clear();
+  http::append_status_line(head_, status, 11, res.reason());
+  {
+    http::hop_filter hop(res);
+    for (const auto& f : res)
+      if (!hop.skip(f.name_string())) http::append_field(head_, f.name_string(), f.value());
+  }
+  if (length && (!no_body || head_only))
+    http::append_field(head_, "Content-Length", std::to_string(*length));
+  else if (chunked_out)
+    http::append_field(head_, "Transfer-Encoding", "chunked");
+  if (close)
+    http::append_field(head_, "Connection", "close");
+  else if (client_version == 10)
+    http::append_field(head_, "Connection", "keep-alive");
+  head_.append("\r\n");
+
+  stream_guard streaming(w_.stats().active_streams);
+  std::array<char, 18> chunk_hdr{};
+  unsigned char* relay = relay_buffer();
+  bool head_sent = false;
+  bool upstream_ok = true;
+  while (!head_sent || !rp->is_done()) {
+    std::size_t got = 0;
+    error_code read_ec;
+    if (!rp->is_done()) {
+      auto& body = rp->get().body();
+      body.data = relay;
+      body.size = relay_size;
+      if (head_sent) {
+        // Each piece goes out as soon as it is read; the head goes with the first piece when
+        // it is already buffered, else on its own at once (TTFT).
+        arm(cfg.upstream.idle_timeout, phase::stream);
+        auto [ec, n] = co_await bhttp::async_read_some(conn->sock, conn->buf, *rp, nothrow);
+        if (ec == bhttp::error::need_buffer) ec = {};
+        read_ec = ec;
+        got = relay_size - body.size;
+      } else if (conn->buf.size() > 0) {
+        auto [ec, n] = co_await bhttp::async_read_some(conn->sock, conn->buf, *rp, nothrow);
+        if (ec == bhttp::error::need_buffer) ec = {};
+        read_ec = ec;
+        got = relay_size - body.size;
+      }
+    }
+    std::array<asio::const_buffer, 5> bufs;
+    std::size_t nb = 0;
+    if (!head_sent) bufs[nb++] = asio::buffer(head_);
+    if (got) {
+      if (chunked_out) bufs[nb++] = asio::buffer(chunk_hdr.data(), http::chunk_header(chunk_hdr.data(), got));
+      bufs[nb++] = asio::buffer(relay, got);
+      if (chunked_out) bufs[nb++] = asio::buffer("\r\n", 2);
+    }
+    if (!read_ec && chunked_out && rp->is_done()) bufs[nb++] = asio::buffer(last_chunk);
+    if (nb > 0) {
+      arm(cfg.upstream.idle_timeout, phase::stream);
+      auto [ec, n] = co_await asio::async_write(sock_, std::span(bufs.data(), nb), nothrow);
+      if (ec) {
+        // The client went away (or stalled past the idle timeout): close the upstream too.
+        co_await stop_watch();
+        hard_close(conn->sock);
+        hard_close(sock_);
+        co_return outcome::close;
+      }
+      head_sent = true;
+    }
+    if (read_ec) {
+      upstream_ok = false;
+      break;
+    }
+  }
+  co_await stop_watch();
+  disarm();
+  if (!upstream_ok || client_gone_ || aborted_) {
+    // Upstream died or hung mid-stream, or the client left: abort both sides (hardening G1, G3).
+    hard_close(conn->sock);
+    hard_close(sock_);
+    co_return outcome::close;
+  }
+  if (rp->keep_alive() && conn->buf.size() == 0) {
+    up_ = nullptr;
+    w_.pool().put(std::move(conn));
+  } else {
+    error_code ignored;
+    conn->sock.close(ignored);
+  }
+  co_return close ? outcome::close : outcome::keep_alive;
+}
+
+}  // namespace ingressd::server

@@ -1,0 +1,113 @@
+#pragma once
+// One client connection: reads requests (keep-alive, in-order pipelining), routes each one and
+// relays it to a replica, streaming the response back. Lives on its worker's thread only.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/parser.hpp>
+
+#include "ingressd/core/asio.hpp"
+#include "ingressd/core/reason.hpp"
+#include "ingressd/routing/router_reply.hpp"
+#include "server/worker.hpp"
+
+namespace ingressd::server {
+
+namespace bhttp = boost::beast::http;
+
+class session : public std::enable_shared_from_this<session>, public session_hook {
+ public:
+  session(worker& w, tcp::socket sock);
+  ~session();
+  /// Serves the connection until it closes.
+  awaitable<void> run();
+  /// Drain: closes the connection now if it is idle between requests, else after this response.
+  void close_if_idle();
+  /// Hard stop: closes the connection whatever it is doing.
+  void abort();
+
+ private:
+  /// What the session waits for; a deadline that passes cancels the I/O of that phase.
+  enum class phase : std::uint8_t { none, idle, head, body, connect, first_byte, stream };
+  using clock = std::chrono::steady_clock;
+  using request_parser = bhttp::request_parser<bhttp::buffer_body>;
+  using response_parser = bhttp::response_parser<bhttp::buffer_body>;
+
+  enum class outcome { keep_alive, close };
+
+  awaitable<outcome> serve_one();
+  awaitable<outcome> proxy(std::size_t app_index, std::string target);
+  awaitable<bool> write_all(std::string_view data);
+  awaitable<outcome> respond(std::string response, bool close);
+  awaitable<outcome> respond_reason(reason r, bool close, std::string_view path = {});
+  outcome builtin(std::string_view path, std::string& response);
+  awaitable<outcome> body_error(error_code ec);
+  bool method_routed(std::string_view method) const;
+
+  /// Reads request body bytes into prebody_ until the body ends or prebody_ holds `cap` bytes.
+  awaitable<error_code> read_prebody(std::size_t cap);
+
+  /// One routing decision: tries the app's router pool from this worker's cursor, failing over
+  /// only when a router gave no reply (contract §4.2). Returns the reply or a failure reason.
+  awaitable<std::pair<routing::router_reply, std::optional<reason>>> ask_routers(
+      std::shared_ptr<const topology::snapshot> snap, std::size_t app_index, std::string request_id,
+      std::string body, std::optional<std::uint64_t> truncated_total);
+  struct router_exchange {
+    bool replied = false;
+    unsigned status = 0;
+    std::string body;
+  };
+  /// One attempt at one router over a pooled keep-alive connection; a stale pooled connection
+  /// is retried once on a fresh one.
+  awaitable<router_exchange> router_attempt(const topology::endpoint& ep, const std::string& request,
+                                            clock::duration timeout);
+
+  // Watchdog: one timer per connection, moved only when a deadline comes closer.
+  void arm(clock::duration d, phase p);
+  void disarm() { deadline_ = clock::time_point::max(); }
+  void start_wait();
+  void on_deadline();
+  bool timed_out(phase p) const { return timed_out_ == p; }
+
+  // Client watch: a read kept pending on the client while the upstream works, so that a client
+  // that goes away is noticed at once (even during a long prefill) and the upstream is closed.
+  void start_watch();
+  void on_watch(error_code ec, std::size_t n);
+  awaitable<void> stop_watch();
+
+  void hard_close(tcp::socket& s);
+  unsigned char* relay_buffer();
+
+  worker& w_;
+  tcp::socket sock_;
+  boost::beast::flat_buffer buf_;
+  std::optional<request_parser> parser_;
+  asio::steady_timer timer_;
+  asio::steady_timer watch_done_;
+  clock::time_point deadline_ = clock::time_point::max();
+  std::string peer_;
+  std::string head_;  // scratch for serialising heads
+  std::unique_ptr<unsigned char[]> relay_;
+  std::string prebody_;  // body bytes read before the upstream was chosen
+  std::optional<asio::steady_timer> router_timer_;  // per router attempt (router.timeout)
+  upstream::connection* router_conn_ = nullptr;
+  unsigned router_gen_ = 0;
+  bool router_timed_out_ = false;
+  upstream::connection* up_ = nullptr;  // the upstream in use, for cancellation
+  unsigned waits_ = 0;
+  phase phase_ = phase::none;
+  phase timed_out_ = phase::none;
+  bool idle_ = false;
+  bool close_after_ = false;
+  bool aborted_ = false;
+  bool watching_ = false;
+  bool watch_stop_ = false;
+  bool client_gone_ = false;
+};
+
+}  // namespace ingressd::server

@@ -1,0 +1,210 @@
+#include "server/worker.hpp"
+
+#include <sys/socket.h>
+
+#include <array>
+#include <unordered_set>
+
+#include <spdlog/spdlog.h>
+
+#include "server/session.hpp"
+
+namespace ingressd::server {
+
+namespace {
+
+/// SO_REUSEPORT as an Asio socket option (Asio has none of its own outside `detail`).
+struct reuse_port {
+  int value = 1;
+  template <class P> int level(const P&) const { return SOL_SOCKET; }
+  template <class P> int name(const P&) const { return SO_REUSEPORT; }
+  template <class P> const int* data(const P&) const { return &value; }
+  template <class P> std::size_t size(const P&) const { return sizeof value; }
+};
+
+/// How long an unused pooled upstream connection is kept.
+constexpr auto pool_max_idle = std::chrono::seconds(60);
+
+}  // namespace
+
+worker::worker(unsigned index, std::shared_ptr<const config::config> cfg, shared_state& shared)
+    : index_(index),
+      cfg_(std::move(cfg)),
+      shared_(shared),
+      pool_(cfg_->upstream.max_idle_per_replica),
+      rng_(std::random_device{}() ^ (std::uint64_t{index} << 32)) {}
+
+worker::~worker() {
+  // Sockets owned here must go before the io_context they belong to.
+  acceptor_.reset();
+  pool_.close_all();
+  pool_ = upstream::pool(0);
+}
+
+void worker::bind(const tcp::endpoint& ep) {
+  acceptor_.emplace(ioc_);
+  acceptor_->open(ep.protocol());
+  acceptor_->set_option(asio::socket_base::reuse_address(true));
+  acceptor_->set_option(reuse_port{});
+  acceptor_->bind(ep);
+  acceptor_->listen(asio::socket_base::max_listen_connections);
+  port_ = acceptor_->local_endpoint().port();
+}
+
+void worker::run() {
+  auto log_error = [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      spdlog::error("worker task failed: {}", ex.what());
+    }
+  };
+  if (acceptor_) asio::co_spawn(ioc_, accept_loop(), log_error);
+  asio::co_spawn(ioc_, sweep_loop(), log_error);
+  ioc_.run();
+}
+
+awaitable<void> worker::accept_loop() {
+  using namespace std::chrono_literals;
+  asio::steady_timer backoff_timer(ioc_);
+  auto backoff = std::chrono::milliseconds(5);
+  while (acceptor_ && acceptor_->is_open()) {
+    auto [ec, sock] = co_await acceptor_->async_accept(nothrow);
+    if (stopping_ || !acceptor_->is_open()) break;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) break;
+      // Out of descriptors or memory: pause instead of spinning on a ready listener (hardening H1).
+      if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
+          ec == asio::error::no_memory) {
+        spdlog::warn("accept failed: {}; pausing {}ms", ec.message(), backoff.count());
+        backoff_timer.expires_after(backoff);
+        co_await backoff_timer.async_wait(nothrow);
+        backoff = std::min<std::chrono::milliseconds>(backoff * 2, 1s);
+      }
+      continue;
+    }
+    backoff = std::chrono::milliseconds(5);
+    auto open = shared_.connections.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (open > cfg_->client.max_connections) {
+      shared_.connections.fetch_sub(1, std::memory_order_relaxed);
+      error_code ignored;
+      sock.set_option(asio::socket_base::linger(true, 0), ignored);
+      sock.close(ignored);
+      continue;
+    }
+    auto s = std::make_shared<session>(*this, std::move(sock));
+    add_session(*s);
+    asio::co_spawn(ioc_, s->run(), [s](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        spdlog::error("session failed: {}", ex.what());
+      }
+    });
+  }
+}
+
+awaitable<void> worker::sweep_loop() {
+  // Dead pooled connections (peer closed) are found and closed here so that they do not sit
+  // in CLOSE_WAIT until their next use.
+  asio::steady_timer t(ioc_);
+  sweep_timer_ = &t;
+  struct clear_ptr {
+    asio::steady_timer*& p;
+    ~clear_ptr() { p = nullptr; }
+  } clear{sweep_timer_};
+  while (!stopping_) {
+    t.expires_after(std::chrono::seconds(1));
+    auto [ec] = co_await t.async_wait(nothrow);
+    if (stopping_) break;
+    pool_.sweep(std::chrono::steady_clock::now(), pool_max_idle);
+  }
+}
+
+void worker::add_session(session& s) { sessions_.push_back(s); }
+
+void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
+  std::unordered_map<std::string_view, std::size_t> old_index;
+  if (snap_)
+    for (std::size_t i = 0; i < snap_->apps.size(); ++i) old_index.emplace(snap_->apps[i].name, i);
+
+  std::vector<app_state> next(snap->apps.size());
+  std::unordered_set<std::string> keys;
+  for (std::size_t i = 0; i < snap->apps.size(); ++i) {
+    const auto& view = snap->apps[i];
+    auto& st = next[i];
+    st.pool_signature = view.pool_signature;
+    st.router_cursor = routing::rr_cursor(index_);
+    if (auto it = old_index.find(view.name); it != old_index.end()) {
+      // An unchanged router pool keeps its cursor (contract §3.2).
+      const auto& old = apps_[it->second];
+      if (old.pool_signature == view.pool_signature) st.router_cursor = old.router_cursor;
+      st.lb_rotor = old.lb_rotor;
+    }
+    for (const auto& ep : view.replicas) {
+      st.replicas.push_back(&loads_[ep.key]);
+      keys.insert(ep.key);
+    }
+    for (const auto& ep : view.router_pool) keys.insert(ep.key);
+  }
+  if (snap->fallback) keys.insert(snap->fallback->key);
+  // Loads of removed replicas go once no request on them is left.
+  std::erase_if(loads_, [&](const auto& kv) { return kv.second.in_flight == 0 && !keys.contains(kv.first); });
+  // Removed endpoints get no new requests; their idle pooled connections are closed now.
+  pool_.retain([&](const std::string& key) { return keys.contains(key); });
+  routers_.retain([&](const std::string& key) { return keys.contains(key); });
+  apps_ = std::move(next);
+  snap_ = std::move(snap);
+}
+
+bool worker::healthy() const {
+  if (!snap_) return false;
+  if (apps_.empty()) return true;
+  for (const auto& a : apps_)
+    for (const auto* l : a.replicas)
+      if (l->healthy) return true;
+  return false;
+}
+
+std::string worker::next_request_id() {
+  // UUID version 4 text from this worker's generator: no lock, no syscall.
+  std::uint64_t hi = rng_(), lo = rng_();
+  hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;
+  lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out(36, '-');
+  int pos = 0;
+  auto put = [&](std::uint64_t v, int nibbles) {
+    for (int i = nibbles - 1; i >= 0; --i) {
+      if (pos == 8 || pos == 13 || pos == 18 || pos == 23) ++pos;
+      out[static_cast<std::size_t>(pos++)] = hex[(v >> (i * 4)) & 0xf];
+    }
+  };
+  put(hi, 16);
+  put(lo, 16);
+  return out;
+}
+
+void worker::stop_accepting() {
+  if (acceptor_) {
+    error_code ignored;
+    acceptor_->close(ignored);
+  }
+}
+
+void worker::close_idle() {
+  for (auto& s : sessions_) s.close_if_idle();
+  pool_.close_all();
+}
+
+void worker::abort_all() {
+  stopping_ = true;
+  stop_accepting();
+  for (auto& s : sessions_) s.abort();
+  pool_.close_all();
+  if (sweep_timer_) sweep_timer_->cancel();
+}
+
+}  // namespace ingressd::server

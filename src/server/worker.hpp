@@ -1,0 +1,147 @@
+#pragma once
+// A worker: one thread, one io_context, its own SO_REUSEPORT listener, and everything its
+// sessions touch (per-app cursors and load counters, upstream connection pools). Nothing in a
+// worker is shared with another thread except through `shared_state` (atomics) and immutable
+// snapshots posted to it.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/intrusive/list.hpp>
+
+#include "ingressd/config/config.hpp"
+#include "ingressd/core/asio.hpp"
+#include "ingressd/routing/router_memory.hpp"
+#include "ingressd/routing/router_pool.hpp"
+#include "ingressd/topology/snapshot.hpp"
+#include "ingressd/upstream/pool.hpp"
+
+namespace ingressd::server {
+
+/// State shared by all workers and the control thread. Only atomics and immutable values.
+struct shared_state {
+  std::atomic<bool> draining{false};
+  std::atomic<std::uint64_t> connections{0};  ///< open client connections, all workers
+};
+
+/// A single-writer counter: only the owning worker increments it, any thread may read it.
+/// A relaxed load+store is a plain add on x86 (no locked instruction) yet race-free for TSan.
+struct counter {
+  std::atomic<std::uint64_t> v{0};
+  void add(std::uint64_t n = 1) noexcept { v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  void sub(std::uint64_t n = 1) noexcept { v.store(v.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
+  std::uint64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
+};
+
+struct worker_stats {
+  counter requests;
+  counter active_connections;
+  counter active_streams;
+};
+
+/// Load of one replica as seen by this worker (least-loaded choice, contract §4.3).
+struct replica_load {
+  std::uint32_t in_flight = 0;
+  bool healthy = true;
+};
+
+/// Per-app state of a worker, rebuilt on each topology change.
+struct app_state {
+  std::vector<replica_load*> replicas;  ///< parallel to snapshot app_view::replicas
+  routing::rr_cursor router_cursor;     ///< kept while the router pool is unchanged
+  std::string pool_signature;
+  std::size_t lb_rotor = 0;             ///< rotates ties between equally loaded replicas
+};
+
+class session;
+using session_hook = boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
+
+class worker {
+ public:
+  worker(unsigned index, std::shared_ptr<const config::config> cfg, shared_state& shared);
+  ~worker();
+
+  /// Opens this worker's listener on `ep` with SO_REUSEPORT. Throws std::system_error.
+  void bind(const tcp::endpoint& ep);
+  std::uint16_t port() const { return port_; }
+  /// Thread body: accepts and serves until stopped.
+  void run();
+
+  // --- Called on the worker's own thread (post to it from elsewhere) ---
+  void apply(std::shared_ptr<const topology::snapshot> snap);
+  void stop_accepting();
+  void close_idle();   ///< drain: close idle keep-alive connections, ask busy ones to close after
+  void abort_all();    ///< hard stop: close every connection
+  asio::io_context& ioc() { return ioc_; }
+
+  // --- Used by sessions (same thread) ---
+  const config::config& cfg() const { return *cfg_; }
+  const topology::snapshot* snap() const { return snap_.get(); }
+  const std::shared_ptr<const topology::snapshot>& snapshot_ptr() const { return snap_; }
+  app_state& app(std::size_t i) { return apps_[i]; }
+  upstream::pool& pool() { return pool_; }
+  routing::router_memory& routers() { return routers_; }
+  shared_state& shared() { return shared_; }
+  worker_stats& stats() { return stats_; }
+  const worker_stats& stats() const { return stats_; }
+  /// A fresh request id (UUID-4 text) from this worker's generator.
+  std::string next_request_id();
+  /// Least-loaded healthy replica of app `i` not rejected by `skip`, or nullopt.
+  template <class Skip>
+  std::optional<std::size_t> least_loaded(std::size_t i, Skip skip);
+  bool healthy() const;  ///< topology loaded and (no apps, or some app has a healthy replica)
+
+  void add_session(session& s);
+  std::size_t session_count() const { return sessions_.size(); }
+
+ private:
+  awaitable<void> accept_loop();
+  awaitable<void> sweep_loop();
+
+  unsigned index_;
+  std::shared_ptr<const config::config> cfg_;
+  shared_state& shared_;
+  std::optional<tcp::acceptor> acceptor_;
+  std::uint16_t port_ = 0;
+  std::shared_ptr<const topology::snapshot> snap_;
+  std::vector<app_state> apps_;
+  std::unordered_map<std::string, replica_load> loads_;  // by endpoint key; stable addresses
+  upstream::pool pool_;
+  routing::router_memory routers_;
+  worker_stats stats_;
+  std::mt19937_64 rng_;
+  bool stopping_ = false;
+  asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop
+  boost::intrusive::list<session, boost::intrusive::base_hook<session_hook>,
+                         boost::intrusive::constant_time_size<false>> sessions_;
+  // Declared last so it is destroyed first: session coroutines still pending at destruction are
+  // destroyed while the stats, loads and session list they touch are alive.
+  asio::io_context ioc_{1};
+};
+
+template <class Skip>
+std::optional<std::size_t> worker::least_loaded(std::size_t i, Skip skip) {
+  auto& a = apps_[i];
+  const std::size_t n = a.replicas.size();
+  if (n == 0) return std::nullopt;
+  std::optional<std::size_t> best;
+  std::uint32_t best_load = 0;
+  const std::size_t start = a.lb_rotor++ % n;
+  for (std::size_t k = 0; k < n; ++k) {
+    std::size_t r = (start + k) % n;
+    const replica_load& l = *a.replicas[r];
+    if (!l.healthy || skip(r)) continue;
+    if (!best || l.in_flight < best_load) {
+      best = r;
+      best_load = l.in_flight;
+    }
+  }
+  return best;
+}
+
+}  // namespace ingressd::server

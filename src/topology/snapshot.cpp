@@ -1,0 +1,110 @@
+#include "ingressd/topology/snapshot.hpp"
+
+#include <optional>
+#include <utility>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/system/error_code.hpp>
+
+#include "ingressd/routing/router_pool.hpp"
+
+namespace ingressd::topology {
+namespace {
+
+std::optional<boost::asio::ip::address> to_address(const std::string& text) {
+  boost::system::error_code ec;
+  auto a = boost::asio::ip::make_address(text, ec);
+  if (ec) return std::nullopt;
+  return a;
+}
+
+std::string key_of(const target& t) {
+  // IPv6 literals need brackets, otherwise the port is indistinguishable from the address.
+  if (t.ip.find(':') != std::string::npos) return "[" + t.ip + "]:" + std::to_string(t.port);
+  return t.ip + ":" + std::to_string(t.port);
+}
+
+class resolver {
+ public:
+  resolver(const std::string& node_ip, const std::string& local_dial_host)
+      : node_ip_(node_ip), local_(local_dial_host.empty() ? std::nullopt : to_address(local_dial_host)) {}
+
+  endpoint operator()(const target& t) const {
+    endpoint e;
+    // Same textual comparison as Ray and build_router_pool, so "co-located" means one thing.
+    e.colocated = !node_ip_.empty() && t.ip == node_ip_;
+    // An unparsable local_dial_host is a config error caught at load; here it simply has no effect.
+    auto address = (e.colocated && local_) ? local_ : to_address(t.ip);
+    e.dial = boost::asio::ip::tcp::endpoint(address.value_or(boost::asio::ip::address{}), t.port);
+    e.key = key_of(t);
+    e.name = t.name;
+    return e;
+  }
+
+ private:
+  const std::string& node_ip_;
+  std::optional<boost::asio::ip::address> local_;
+};
+
+app_view make_view(const app& a, const resolver& resolve, std::string_view node_ip) {
+  app_view v;
+  v.name = a.name;
+  v.route_prefix = a.route_prefix;
+  v.router_fallback = a.router_fallback;
+  v.replicas.reserve(a.replicas.size());
+  for (std::size_t i = 0; i < a.replicas.size(); ++i) {
+    v.replicas.push_back(resolve(a.replicas[i]));
+    v.replica_by_name.emplace(a.replicas[i].name, i);
+  }
+  for (std::size_t index : routing::build_router_pool(a.routers, node_ip)) {
+    v.router_pool.push_back(resolve(a.routers[index]));
+    // Keys contain no ',' (ip literal, ':' and digits), so the join is unambiguous.
+    if (!v.pool_signature.empty()) v.pool_signature += ',';
+    v.pool_signature += v.router_pool.back().key;
+  }
+  return v;
+}
+
+}  // namespace
+
+std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& node_ip,
+                                              const std::string& local_dial_host,
+                                              std::uint64_t generation) {
+  auto s = std::make_shared<snapshot>();
+  s->doc = std::move(doc);
+  s->node_ip = node_ip;
+  s->generation = generation;
+
+  const resolver resolve(s->node_ip, local_dial_host);
+  std::vector<std::string> prefixes;
+  s->apps.reserve(s->doc.apps.size());
+  prefixes.reserve(s->doc.apps.size());
+  for (const app& a : s->doc.apps) {
+    s->apps.push_back(make_view(a, resolve, s->node_ip));
+    prefixes.push_back(a.route_prefix);
+  }
+  s->routes = routing::route_table(prefixes);
+  if (s->doc.http_fallback) s->fallback = resolve(*s->doc.http_fallback);
+  s->updated = std::chrono::system_clock::now();
+  return s;
+}
+
+std::size_t snapshot::router_count() const {
+  std::size_t n = 0;
+  for (const app& a : doc.apps) n += a.routers.size();
+  return n;
+}
+
+std::size_t snapshot::replica_count() const {
+  std::size_t n = 0;
+  for (const app& a : doc.apps) n += a.replicas.size();
+  return n;
+}
+
+std::size_t snapshot::apps_with_routers() const {
+  std::size_t n = 0;
+  for (const app& a : doc.apps) n += a.routers.empty() ? 0 : 1;
+  return n;
+}
+
+}  // namespace ingressd::topology

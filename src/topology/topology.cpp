@@ -1,0 +1,357 @@
+#include "ingressd/topology/topology.hpp"
+
+#include <charconv>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/system/error_code.hpp>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+namespace ingressd::topology {
+namespace {
+
+using json = nlohmann::json;
+
+// Deeper than any real topology document; guards the recursive YAML conversion against stack
+// exhaustion on hostile input.
+constexpr int max_yaml_depth = 256;
+
+// Carries a validation failure up through the nested validators. It never leaves this file:
+// parse_document turns it into a parse_error.
+struct invalid {
+  std::string message;
+};
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw invalid{where + ": " + what};
+}
+
+// ---- YAML -> JSON ---------------------------------------------------------------------------
+// yaml-cpp keeps every scalar as text, so plain (unquoted) scalars are typed here following the
+// YAML 1.2 core schema. Quoted scalars stay strings, so `port: "8000"` is rejected exactly like
+// the JSON document `{"port": "8000"}`.
+
+std::optional<json> yaml_integer(const std::string& s) {
+  std::string_view v = s;
+  bool negative = false;
+  if (!v.empty() && (v.front() == '+' || v.front() == '-')) {
+    negative = v.front() == '-';
+    v.remove_prefix(1);
+  }
+  int base = 10;
+  if (v.size() > 2 && v[0] == '0' && (v[1] == 'x' || v[1] == 'o')) {
+    if (negative || s.front() == '+') return std::nullopt;  // the core schema has no signed hex/octal
+    base = v[1] == 'x' ? 16 : 8;
+    v.remove_prefix(2);
+  }
+  if (v.empty()) return std::nullopt;
+  std::uint64_t magnitude = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), magnitude, base);
+  if (ec != std::errc{} || end != v.data() + v.size()) return std::nullopt;
+  if (!negative) return json(magnitude);
+  constexpr auto min_magnitude =
+      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) + 1;
+  if (magnitude > min_magnitude) return std::nullopt;
+  if (magnitude == min_magnitude) return json(std::numeric_limits<std::int64_t>::min());
+  return json(-static_cast<std::int64_t>(magnitude));
+}
+
+// The core schema's float: [-+]? ( \.[0-9]+ | [0-9]+ ( \.[0-9]* )? ) ( [eE] [-+]? [0-9]+ )?
+// Matched by hand because std::stod alone also accepts "inf", "nan" and hex floats.
+bool is_yaml_decimal(std::string_view v) {
+  const auto digits = [&v] {
+    std::size_t n = 0;
+    while (n < v.size() && v[n] >= '0' && v[n] <= '9') ++n;
+    v.remove_prefix(n);
+    return n;
+  };
+  if (!v.empty() && (v.front() == '+' || v.front() == '-')) v.remove_prefix(1);
+  const std::size_t whole = digits();
+  std::size_t fraction = 0;
+  if (!v.empty() && v.front() == '.') {
+    v.remove_prefix(1);
+    fraction = digits();
+  }
+  if (whole == 0 && fraction == 0) return false;
+  if (!v.empty() && (v.front() == 'e' || v.front() == 'E')) {
+    v.remove_prefix(1);
+    if (!v.empty() && (v.front() == '+' || v.front() == '-')) v.remove_prefix(1);
+    if (digits() == 0) return false;
+  }
+  return v.empty();
+}
+
+std::optional<json> yaml_float(const std::string& s) {
+  if (is_yaml_decimal(s)) {
+    try {
+      return json(std::stod(s));
+    } catch (const std::out_of_range&) {
+      return std::nullopt;  // keep it as text; the field check reports it
+    }
+  }
+  if (s == ".inf" || s == ".Inf" || s == ".INF" || s == "+.inf" || s == "+.Inf" || s == "+.INF")
+    return json(std::numeric_limits<double>::infinity());
+  if (s == "-.inf" || s == "-.Inf" || s == "-.INF")
+    return json(-std::numeric_limits<double>::infinity());
+  if (s == ".nan" || s == ".NaN" || s == ".NAN") return json(std::numeric_limits<double>::quiet_NaN());
+  return std::nullopt;
+}
+
+json yaml_scalar(const YAML::Node& node) {
+  const std::string& s = node.Scalar();
+  // "!" is the tag yaml-cpp gives quoted scalars; an explicit !!str asks for text as well.
+  if (node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str") return s;
+  if (s == "null" || s == "Null" || s == "NULL" || s == "~" || s.empty()) return nullptr;
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  if (auto i = yaml_integer(s)) return *i;
+  if (auto f = yaml_float(s)) return *f;
+  return s;
+}
+
+json yaml_to_json(const YAML::Node& node, int depth) {
+  if (depth > max_yaml_depth) throw invalid{"invalid YAML: nesting deeper than " + std::to_string(max_yaml_depth)};
+  switch (node.Type()) {
+    case YAML::NodeType::Undefined:
+    case YAML::NodeType::Null:
+      return nullptr;
+    case YAML::NodeType::Scalar:
+      return yaml_scalar(node);
+    case YAML::NodeType::Sequence: {
+      json out = json::array();
+      for (const auto& item : node) out.push_back(yaml_to_json(item, depth + 1));
+      return out;
+    }
+    case YAML::NodeType::Map: {
+      json out = json::object();
+      for (const auto& kv : node) {
+        if (!kv.first.IsScalar()) {
+          const auto mark = kv.first.Mark();
+          throw invalid{"invalid YAML: line " + std::to_string(mark.line + 1) +
+                        ": mapping keys must be scalars"};
+        }
+        out[kv.first.Scalar()] = yaml_to_json(kv.second, depth + 1);
+      }
+      return out;
+    }
+  }
+  return nullptr;
+}
+
+// Returns the parsed tree or the parser's own message.
+std::variant<json, std::string> parse_text(std::string_view text) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  std::optional<std::string> json_error;
+  if (first != std::string_view::npos && (text[first] == '{' || text[first] == '[')) {
+    try {
+      return json::parse(text.begin(), text.end());
+    } catch (const json::exception& e) {
+      json_error = e.what();
+    }
+    // A YAML flow mapping also starts with '{', so YAML gets its turn; but if both fail, the text
+    // was almost certainly meant as JSON and JSON's message is the useful one.
+  }
+  try {
+    const YAML::Node root = YAML::Load(std::string(text));
+    return yaml_to_json(root, 0);
+  } catch (const YAML::Exception& e) {
+    if (json_error) return "invalid JSON: " + *json_error;
+    return std::string("invalid YAML: ") + e.what();
+  } catch (const invalid& e) {
+    if (json_error) return "invalid JSON: " + *json_error;
+    return e.message;
+  }
+}
+
+// ---- field validation -----------------------------------------------------------------------
+
+std::string type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "an object";
+    case json::value_t::array: return "a list";
+    case json::value_t::string: return "a string";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a number";
+    default: return "an unsupported value";
+  }
+}
+
+// A missing field and an explicit null are the same to us: pydantic's optional fields
+// serialise either way depending on exclude_unset/exclude_none.
+const json* field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+const json& required(const json& obj, const char* key, const std::string& where) {
+  const json* v = field(obj, key);
+  if (v == nullptr) fail(where, "missing required field");
+  return *v;
+}
+
+const std::string& as_string(const json& v, const std::string& where) {
+  if (!v.is_string()) fail(where, "expected a string, got " + type_name(v));
+  return v.get_ref<const std::string&>();
+}
+
+std::string optional_string(const json& obj, const char* key, const std::string& where) {
+  const json* v = field(obj, key);
+  return v == nullptr ? std::string{} : as_string(*v, where + "." + key);
+}
+
+const json& as_list(const json& v, const std::string& where) {
+  if (!v.is_array()) fail(where, "expected a list, got " + type_name(v));
+  return v;
+}
+
+const json& as_object(const json& v, const std::string& where) {
+  if (!v.is_object()) fail(where, "expected an object, got " + type_name(v));
+  return v;
+}
+
+std::uint16_t as_port(const json& v, const std::string& where) {
+  if (v.is_number_unsigned()) {
+    const auto p = v.get<std::uint64_t>();
+    if (p >= 1 && p <= 65535) return static_cast<std::uint16_t>(p);
+  } else if (v.is_number_integer()) {
+    const auto p = v.get<std::int64_t>();
+    if (p >= 1 && p <= 65535) return static_cast<std::uint16_t>(p);
+  }
+  fail(where, "expected an integer 1-65535, got " + (v.is_number() ? v.dump() : type_name(v)));
+}
+
+enum class target_kind { replica, router, fallback };
+
+target parse_target(const json& v, const std::string& where, target_kind kind) {
+  as_object(v, where);
+  target t;
+  t.ip = as_string(required(v, "ip", where + ".ip"), where + ".ip");
+  boost::system::error_code ec;
+  (void)boost::asio::ip::make_address(t.ip, ec);
+  if (ec) fail(where + ".ip", "expected an IPv4 or IPv6 address literal, got '" + t.ip + "'");
+  t.port = as_port(required(v, "port", where + ".port"), where + ".port");
+  t.instance_id = optional_string(v, "instance_id", where);
+  t.name = as_string(required(v, "name", where + ".name"), where + ".name");
+  // A replica's name is the replica_id a router answers with, so it must be usable as a key.
+  if (kind == target_kind::replica && t.name.empty()) fail(where + ".name", "must not be empty");
+  return t;
+}
+
+std::vector<target> parse_targets(const json& v, const std::string& where, target_kind kind) {
+  as_list(v, where);
+  std::vector<target> out;
+  out.reserve(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    out.push_back(parse_target(v[i], where + "[" + std::to_string(i) + "]", kind));
+  return out;
+}
+
+// Returns nullopt for a gRPC group (after recording the warning).
+std::optional<app> parse_group(const json& v, const std::string& where, document& doc) {
+  as_object(v, where);
+  app a;
+  a.name = optional_string(v, "app_name", where);
+
+  const std::string& protocol = as_string(required(v, "protocol", where + ".protocol"), where + ".protocol");
+  if (protocol == "gRPC") {
+    // Not validated further: ingressd never serves these, and a quirk in a gRPC group must not
+    // cost the HTTP apps their topology update.
+    doc.warnings.push_back("ignored gRPC target group '" + a.name + "'");
+    return std::nullopt;
+  }
+  if (protocol != "HTTP") fail(where + ".protocol", "expected \"HTTP\" or \"gRPC\", got \"" + protocol + "\"");
+
+  const std::string& prefix =
+      as_string(required(v, "route_prefix", where + ".route_prefix"), where + ".route_prefix");
+  // Ray only accepts prefixes that start with '/'; anything else could never match a request path.
+  if (!prefix.empty() && prefix.front() != '/')
+    fail(where + ".route_prefix", "must start with '/', got '" + prefix + "'");
+  a.route_prefix = normalise_prefix(prefix);
+
+  a.replicas = parse_targets(required(v, "targets", where + ".targets"), where + ".targets",
+                             target_kind::replica);
+  if (const json* routers = field(v, "ingress_request_router_targets"))
+    a.routers = parse_targets(*routers, where + ".ingress_request_router_targets", target_kind::router);
+  if (const json* fallback = field(v, "ingress_router_fallback")) {
+    if (!fallback->is_boolean())
+      fail(where + ".ingress_router_fallback", "expected a boolean, got " + type_name(*fallback));
+    a.router_fallback = fallback->get<bool>();
+  }
+
+  std::unordered_map<std::string_view, std::size_t> seen;
+  for (std::size_t i = 0; i < a.replicas.size(); ++i) {
+    auto [it, fresh] = seen.emplace(a.replicas[i].name, i);
+    if (!fresh)
+      fail(where + ".targets[" + std::to_string(i) + "].name",
+           "duplicate replica name '" + a.replicas[i].name + "' (also targets[" +
+               std::to_string(it->second) + "])");
+  }
+  return a;
+}
+
+document parse_tree(const json& root) {
+  if (!root.is_object()) fail("top level", "expected an object, got " + type_name(root));
+  document doc;
+
+  const json* groups = field(root, "target_groups");
+  if (groups == nullptr) fail("target_groups", "missing required field");
+  as_list(*groups, "target_groups");
+
+  // prefix -> (group index, app name) of the HTTP group that claimed it first
+  std::map<std::string, std::pair<std::size_t, std::string>> prefixes;
+  for (std::size_t i = 0; i < groups->size(); ++i) {
+    const std::string where = "target_groups[" + std::to_string(i) + "]";
+    auto a = parse_group((*groups)[i], where, doc);
+    if (!a) continue;
+    auto [it, fresh] = prefixes.emplace(a->route_prefix, std::pair{i, a->name});
+    if (!fresh)
+      fail(where + ".route_prefix", "duplicate route prefix '" + a->route_prefix + "': app '" +
+                                        a->name + "' and app '" + it->second.second +
+                                        "' (target_groups[" + std::to_string(it->second.first) + "])");
+    doc.apps.push_back(std::move(*a));
+  }
+
+  if (const json* fallbacks = field(root, "fallback_targets")) {
+    as_object(*fallbacks, "fallback_targets");
+    if (const json* http = field(*fallbacks, "HTTP"))
+      doc.http_fallback = parse_target(*http, "fallback_targets.HTTP", target_kind::fallback);
+  }
+  return doc;
+}
+
+}  // namespace
+
+std::string normalise_prefix(std::string_view prefix) {
+  while (prefix.size() > 1 && prefix.back() == '/') prefix.remove_suffix(1);
+  if (prefix.empty()) return "/";
+  return std::string(prefix);
+}
+
+std::variant<document, parse_error> parse_document(std::string_view text) {
+  try {
+    auto parsed = parse_text(text);
+    if (auto* message = std::get_if<std::string>(&parsed)) return parse_error{std::move(*message)};
+    return parse_tree(std::get<json>(parsed));
+  } catch (const invalid& e) {
+    return parse_error{e.message};
+  } catch (const std::exception& e) {
+    return parse_error{std::string("topology document: ") + e.what()};
+  } catch (...) {
+    return parse_error{"topology document: unexpected error"};
+  }
+}
+
+}  // namespace ingressd::topology

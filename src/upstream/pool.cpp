@@ -1,0 +1,82 @@
+#include "ingressd/upstream/pool.hpp"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+
+namespace ingressd::upstream {
+
+bool pool::alive(connection& c) {
+  // An idle HTTP/1.1 connection must have nothing to read: EOF means the peer closed it,
+  // bytes mean the peer sent something unsolicited. Either way it is unusable.
+  char byte;
+  ssize_t n = ::recv(c.sock.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+connection_ptr pool::take(const std::string& key) {
+  auto it = idle_.find(key);
+  if (it == idle_.end()) return nullptr;
+  auto& v = it->second;
+  while (!v.empty()) {
+    connection_ptr c = std::move(v.back());
+    v.pop_back();
+    if (alive(*c)) {
+      c->reused = true;
+      return c;
+    }
+    error_code ignored;
+    c->sock.close(ignored);
+  }
+  return nullptr;
+}
+
+void pool::put(connection_ptr c) {
+  auto& v = idle_[c->key];
+  if (v.size() >= max_idle_) {
+    error_code ignored;
+    c->sock.close(ignored);
+    return;
+  }
+  c->idle_since = std::chrono::steady_clock::now();
+  v.push_back(std::move(c));
+}
+
+void pool::retain(const std::function<bool(const std::string&)>& keep) {
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    if (keep(it->first)) {
+      ++it;
+      continue;
+    }
+    for (auto& c : it->second) {
+      error_code ignored;
+      c->sock.close(ignored);
+    }
+    it = idle_.erase(it);
+  }
+}
+
+void pool::sweep(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration max_idle) {
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    auto& v = it->second;
+    std::erase_if(v, [&](connection_ptr& c) {
+      if (now - c->idle_since < max_idle && alive(*c)) return false;
+      error_code ignored;
+      c->sock.close(ignored);
+      return true;
+    });
+    it = v.empty() ? idle_.erase(it) : std::next(it);
+  }
+}
+
+void pool::close_all() {
+  retain([](const std::string&) { return false; });
+}
+
+std::size_t pool::idle_count() const {
+  std::size_t n = 0;
+  for (auto& [k, v] : idle_) n += v.size();
+  return n;
+}
+
+}  // namespace ingressd::upstream

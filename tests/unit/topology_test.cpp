@@ -1,0 +1,354 @@
+// parse_document / normalise_prefix: the accepted document shapes and every rejection reason.
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ingressd/topology/topology.hpp"
+
+namespace ingressd::topology {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path data_dir = fs::path(INGRESSD_TEST_DATA) / "topology";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+document parse_ok(std::string_view text) {
+  auto r = parse_document(text);
+  if (auto* e = std::get_if<parse_error>(&r)) {
+    ADD_FAILURE() << "unexpected parse error: " << e->message;
+    return {};
+  }
+  return std::get<document>(r);
+}
+
+std::string parse_fail(std::string_view text) {
+  auto r = parse_document(text);
+  if (std::holds_alternative<document>(r)) {
+    ADD_FAILURE() << "document was accepted:\n" << text;
+    return {};
+  }
+  return std::get<parse_error>(r).message;
+}
+
+document parse_file_ok(const std::string& name) {
+  SCOPED_TRACE(name);
+  return parse_ok(read_file(data_dir / "valid" / name));
+}
+
+// ---- valid documents ----
+
+TEST(TopologyParse, TargetGroupsJson) {
+  const document d = parse_file_ok("target_groups.json");
+  ASSERT_EQ(d.apps.size(), 2u);
+
+  const app& llm = d.apps[0];
+  EXPECT_EQ(llm.name, "llm");
+  EXPECT_EQ(llm.route_prefix, "/llm");  // trailing slash normalised away
+  EXPECT_TRUE(llm.router_fallback);
+  ASSERT_EQ(llm.replicas.size(), 2u);
+  EXPECT_EQ(llm.replicas[0], (target{"10.0.0.5", 30001, "i-0a5", "SERVE_REPLICA::llm#LLMServer#ab12"}));
+  EXPECT_EQ(llm.replicas[1].name, "SERVE_REPLICA::llm#LLMServer#cd34");
+  ASSERT_EQ(llm.routers.size(), 2u);
+  EXPECT_EQ(llm.routers[1], (target{"10.0.0.6", 30004, "i-0a6", "SERVE_REPLICA::llm#Router#r2"}));
+
+  const app& echo = d.apps[1];
+  EXPECT_EQ(echo.name, "echo");
+  EXPECT_EQ(echo.route_prefix, "/");
+  EXPECT_FALSE(echo.router_fallback);
+  EXPECT_TRUE(echo.routers.empty());
+  ASSERT_EQ(echo.replicas.size(), 1u);
+  EXPECT_EQ(echo.replicas[0], (target{"fd00::7", 30010, "", "SERVE_REPLICA::echo#Echo#ef56"}));
+
+  ASSERT_TRUE(d.http_fallback.has_value());
+  EXPECT_EQ(*d.http_fallback, (target{"10.0.0.1", 8000, "i-head", "SERVE_PROXY_ACTOR-head"}));
+
+  ASSERT_EQ(d.warnings.size(), 1u);
+  EXPECT_EQ(d.warnings[0], "ignored gRPC target group 'grpc-llm'");
+}
+
+TEST(TopologyParse, YamlEqualsJson) {
+  const document json_doc = parse_file_ok("target_groups.json");
+  const document yaml_doc = parse_file_ok("target_groups.yaml");
+  EXPECT_EQ(yaml_doc, json_doc);
+  EXPECT_EQ(yaml_doc.warnings, json_doc.warnings);
+}
+
+TEST(TopologyParse, FullServeInstanceDetails) {
+  const document d = parse_file_ok("serve_instance_details.json");
+  ASSERT_EQ(d.apps.size(), 2u);
+  EXPECT_EQ(d.apps[0].name, "llm");
+  EXPECT_EQ(d.apps[0].route_prefix, "/v1");
+  EXPECT_EQ(d.apps[0].replicas.size(), 3u);
+  ASSERT_EQ(d.apps[0].routers.size(), 3u);
+  EXPECT_EQ(d.apps[0].routers[0].ip, "10.0.0.9");
+  EXPECT_FALSE(d.apps[0].router_fallback);
+  EXPECT_EQ(d.apps[1].name, "embed");
+  EXPECT_TRUE(d.apps[1].routers.empty());
+  EXPECT_FALSE(d.http_fallback.has_value());
+  ASSERT_EQ(d.warnings.size(), 1u);
+  EXPECT_EQ(d.warnings[0], "ignored gRPC target group 'grpc_app'");
+}
+
+TEST(TopologyParse, HaproxyModeDashboardProxyGroup) {
+  const document d = parse_file_ok("haproxy_mode_dashboard.json");
+  ASSERT_EQ(d.apps.size(), 1u);
+  EXPECT_EQ(d.apps[0].name, "");
+  EXPECT_EQ(d.apps[0].route_prefix, "/");
+  EXPECT_EQ(d.apps[0].replicas.size(), 2u);
+  EXPECT_TRUE(d.apps[0].routers.empty());
+  EXPECT_TRUE(d.warnings.empty());
+}
+
+TEST(TopologyParse, FallbackOnly) {
+  const document d = parse_file_ok("fallback_only.json");
+  EXPECT_TRUE(d.apps.empty());
+  ASSERT_TRUE(d.http_fallback.has_value());
+  EXPECT_EQ(d.http_fallback->port, 8000);
+}
+
+TEST(TopologyParse, EveryValidFixtureParses) {
+  std::size_t n = 0;
+  for (const auto& entry : fs::directory_iterator(data_dir / "valid")) {
+    parse_file_ok(entry.path().filename().string());
+    ++n;
+  }
+  EXPECT_GE(n, 5u);
+}
+
+TEST(TopologyParse, Defaults) {
+  const document d = parse_ok(R"({"target_groups": [
+      {"route_prefix": "/x", "protocol": "HTTP",
+       "targets": [{"ip": "127.0.0.1", "port": 1, "name": "r"}]}]})");
+  ASSERT_EQ(d.apps.size(), 1u);
+  EXPECT_EQ(d.apps[0].name, "");
+  EXPECT_TRUE(d.apps[0].routers.empty());
+  EXPECT_FALSE(d.apps[0].router_fallback);
+  EXPECT_EQ(d.apps[0].replicas[0].instance_id, "");
+  EXPECT_FALSE(d.http_fallback.has_value());
+}
+
+TEST(TopologyParse, NullOptionalFieldsMeanDefault) {
+  const document d = parse_ok(R"({"target_groups": [
+      {"app_name": null, "route_prefix": "/x", "protocol": "HTTP",
+       "ingress_request_router_targets": null, "ingress_router_fallback": null,
+       "targets": [{"ip": "127.0.0.1", "port": 1, "name": "r", "instance_id": null}]}],
+      "fallback_targets": null})");
+  ASSERT_EQ(d.apps.size(), 1u);
+  EXPECT_EQ(d.apps[0].name, "");
+  EXPECT_FALSE(d.apps[0].router_fallback);
+}
+
+TEST(TopologyParse, EmptyTargetsAllowedForScaleFromZero) {
+  const document d = parse_ok(R"({"target_groups": [
+      {"app_name": "a", "route_prefix": "/a", "protocol": "HTTP", "targets": []}]})");
+  ASSERT_EQ(d.apps.size(), 1u);
+  EXPECT_TRUE(d.apps[0].replicas.empty());
+}
+
+TEST(TopologyParse, RouterNamesMayBeEmpty) {
+  const document d = parse_ok(R"({"target_groups": [
+      {"app_name": "a", "route_prefix": "/a", "protocol": "HTTP", "targets": [],
+       "ingress_request_router_targets": [{"ip": "10.0.0.1", "port": 5, "name": ""}]}]})");
+  ASSERT_EQ(d.apps[0].routers.size(), 1u);
+  EXPECT_EQ(d.apps[0].routers[0].name, "");
+}
+
+TEST(TopologyParse, UnknownFieldsAndOtherFallbackProtocolsIgnored) {
+  const document d = parse_ok(R"({"target_groups": [
+      {"app_name": "a", "route_prefix": "/a", "protocol": "HTTP", "future": {"x": [1]},
+       "targets": [{"ip": "::1", "port": 65535, "name": "r", "zone": "z"}]}],
+      "fallback_targets": {"gRPC": {"ip": "x", "port": "y"}}, "extra": 1})");
+  EXPECT_EQ(d.apps[0].replicas[0].port, 65535);
+  EXPECT_FALSE(d.http_fallback.has_value());
+}
+
+TEST(TopologyParse, GrpcGroupIsDroppedWithoutFurtherValidation) {
+  const document d = parse_ok(R"({"target_groups": [
+      {"app_name": "g", "route_prefix": "/g", "protocol": "gRPC", "targets": [{"ip": "nope"}]}]})");
+  EXPECT_TRUE(d.apps.empty());
+  ASSERT_EQ(d.warnings.size(), 1u);
+  EXPECT_EQ(d.warnings[0], "ignored gRPC target group 'g'");
+}
+
+TEST(TopologyParse, GrpcGroupMayShareAnHttpPrefix) {
+  const document d = parse_ok(R"({"target_groups": [
+      {"app_name": "a", "route_prefix": "/a", "protocol": "HTTP", "targets": []},
+      {"app_name": "a", "route_prefix": "/a", "protocol": "gRPC", "targets": []}]})");
+  EXPECT_EQ(d.apps.size(), 1u);
+}
+
+TEST(TopologyParse, SameReplicaNameInDifferentAppsIsFine) {
+  parse_ok(R"({"target_groups": [
+      {"app_name": "a", "route_prefix": "/a", "protocol": "HTTP",
+       "targets": [{"ip": "10.0.0.1", "port": 1, "name": "r"}]},
+      {"app_name": "b", "route_prefix": "/b", "protocol": "HTTP",
+       "targets": [{"ip": "10.0.0.1", "port": 2, "name": "r"}]}]})");
+}
+
+TEST(TopologyParse, WarningsDoNotAffectEquality) {
+  document a = parse_ok(R"({"target_groups": []})");
+  document b = a;
+  b.warnings.push_back("ignored gRPC target group 'x'");
+  EXPECT_EQ(a, b);
+}
+
+TEST(TopologyParse, YamlScalarTyping) {
+  // Plain scalars are typed (YAML 1.2 core schema); quoted ones stay strings.
+  const document d = parse_ok(
+      "target_groups:\n"
+      "  - app_name: '123'\n"
+      "    route_prefix: /v1\n"
+      "    protocol: HTTP\n"
+      "    ingress_router_fallback: True\n"
+      "    targets:\n"
+      "      - {ip: 10.0.0.5, port: 0x1f40, name: \"true\"}\n"
+      "      - {ip: '::1', port: +8001, name: null_is_text_here, instance_id: ~}\n");
+  ASSERT_EQ(d.apps.size(), 1u);
+  EXPECT_EQ(d.apps[0].name, "123");
+  EXPECT_TRUE(d.apps[0].router_fallback);
+  EXPECT_EQ(d.apps[0].replicas[0].port, 8000);
+  EXPECT_EQ(d.apps[0].replicas[0].name, "true");
+  EXPECT_EQ(d.apps[0].replicas[1].ip, "::1");
+  EXPECT_EQ(d.apps[0].replicas[1].port, 8001);
+  EXPECT_EQ(d.apps[0].replicas[1].instance_id, "");
+}
+
+TEST(TopologyReject, YamlNumbersThatAreNotPorts) {
+  for (const char* port : {"8000.5", "1e3", ".inf", "-.inf", ".nan", "-8000", "0o17777777", "1_000"}) {
+    SCOPED_TRACE(port);
+    const std::string m = parse_fail(
+        std::string("target_groups:\n  - {protocol: HTTP, route_prefix: /, targets: [{ip: 1.2.3.4, port: ") +
+        port + ", name: r}]}\n");
+    EXPECT_EQ(m.rfind("target_groups[0].targets[0].port: expected an integer 1-65535", 0), 0u) << m;
+  }
+}
+
+TEST(TopologyParse, YamlFlowMappingStartingWithBrace) {
+  const document d = parse_ok("{target_groups: [{app_name: a, route_prefix: /a, protocol: HTTP, targets: []}]}");
+  ASSERT_EQ(d.apps.size(), 1u);
+  EXPECT_EQ(d.apps[0].name, "a");
+}
+
+TEST(TopologyParse, YamlAnchorsAreResolved) {
+  const document d = parse_ok(
+      "router: &r {ip: 10.0.0.9, port: 30004, name: rt}\n"
+      "target_groups:\n"
+      "  - {app_name: a, route_prefix: /a, protocol: HTTP, targets: [], ingress_request_router_targets: [*r]}\n"
+      "  - {app_name: b, route_prefix: /b, protocol: HTTP, targets: [], ingress_request_router_targets: [*r]}\n");
+  ASSERT_EQ(d.apps.size(), 2u);
+  EXPECT_EQ(d.apps[1].routers.at(0), (target{"10.0.0.9", 30004, "", "rt"}));
+}
+
+// ---- rejections ----
+
+TEST(TopologyReject, EveryInvalidFixture) {
+  const fs::path dir = data_dir / "invalid";
+  std::map<std::string, std::vector<std::string>> expected;
+  std::istringstream manifest(read_file(dir / "expected_messages.txt"));
+  for (std::string line; std::getline(manifest, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<std::string> fields;
+    std::istringstream cols(line);
+    for (std::string col; std::getline(cols, col, '\t');) fields.push_back(col);
+    ASSERT_GE(fields.size(), 2u) << "manifest line without an expected message: " << line;
+    expected[fields[0]].assign(fields.begin() + 1, fields.end());
+  }
+
+  std::size_t checked = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "expected_messages.txt") continue;
+    SCOPED_TRACE(name);
+    auto it = expected.find(name);
+    ASSERT_NE(it, expected.end()) << "no entry in expected_messages.txt";
+    const std::string message = parse_fail(read_file(entry.path()));
+    for (const std::string& want : it->second)
+      EXPECT_NE(message.find(want), std::string::npos) << "message: " << message << "\nwanted: " << want;
+    expected.erase(it);
+    ++checked;
+  }
+  EXPECT_TRUE(expected.empty()) << "manifest names a missing file: " << expected.begin()->first;
+  EXPECT_GE(checked, 30u);
+}
+
+TEST(TopologyReject, PortMessageIsExact) {
+  const std::string m = parse_fail(R"({"target_groups": [
+      {"app_name": "a", "route_prefix": "/a", "protocol": "HTTP", "targets": []},
+      {"app_name": "b", "route_prefix": "/b", "protocol": "HTTP",
+       "targets": [{"ip": "10.0.0.1", "port": 0, "name": "r"}]}]})");
+  EXPECT_EQ(m.rfind("target_groups[1].targets[0].port: expected an integer 1-65535", 0), 0u) << m;
+}
+
+TEST(TopologyReject, DuplicatePrefixNamesBothApps) {
+  const std::string m = parse_fail(R"({"target_groups": [
+      {"app_name": "first", "route_prefix": "/same/", "protocol": "HTTP", "targets": []},
+      {"app_name": "second", "route_prefix": "/same", "protocol": "HTTP", "targets": []}]})");
+  EXPECT_NE(m.find("target_groups[1].route_prefix"), std::string::npos) << m;
+  EXPECT_NE(m.find("'first'"), std::string::npos) << m;
+  EXPECT_NE(m.find("'second'"), std::string::npos) << m;
+  EXPECT_NE(m.find("'/same'"), std::string::npos) << m;
+}
+
+TEST(TopologyReject, InvalidJsonCarriesParserMessage) {
+  const std::string m = parse_fail(R"({"target_groups": [}")");
+  EXPECT_NE(m.find("invalid JSON"), std::string::npos) << m;
+  EXPECT_NE(m.find("line 1"), std::string::npos) << m;
+}
+
+TEST(TopologyReject, InvalidYamlCarriesParserMessage) {
+  const std::string m = parse_fail("target_groups:\n  - a: [1, 2\n");
+  EXPECT_NE(m.find("invalid YAML"), std::string::npos) << m;
+  EXPECT_NE(m.find("line"), std::string::npos) << m;
+}
+
+TEST(TopologyReject, NeverThrowsOnHostileInput) {
+  const std::vector<std::string> inputs = {
+      "",
+      std::string(1, '\0'),
+      "\xff\xfe\xfd",
+      std::string(10000, '['),
+      std::string(10000, '{'),
+      "a: " + std::string(2000, '[') ,
+      "- " + std::string(5000, '-'),
+      "*undefined_alias",
+      "target_groups: !!binary AAAA",
+      "{\"target_groups\": [{\"protocol\": \"HTTP\", \"route_prefix\": \"/\", \"targets\": "
+      "[{\"ip\": \"1.2.3.4\", \"port\": 1e400, \"name\": \"r\"}]}]}",
+      "target_groups:\n  - {protocol: HTTP, route_prefix: /, targets: [{ip: 1.2.3.4, port: 99999999999999999999999, name: r}]}",
+      "target_groups:\n  - {protocol: HTTP, route_prefix: /, targets: [{ip: 1.2.3.4, port: -9223372036854775808, name: r}]}",
+  };
+  for (const auto& text : inputs) {
+    SCOPED_TRACE(text.substr(0, 60));
+    EXPECT_NO_THROW({
+      auto r = parse_document(text);
+      EXPECT_TRUE(std::holds_alternative<parse_error>(r));
+    });
+  }
+}
+
+// ---- normalise_prefix ----
+
+TEST(TopologyNormalisePrefix, Cases) {
+  EXPECT_EQ(normalise_prefix(""), "/");
+  EXPECT_EQ(normalise_prefix("/"), "/");
+  EXPECT_EQ(normalise_prefix("//"), "/");
+  EXPECT_EQ(normalise_prefix("/api"), "/api");
+  EXPECT_EQ(normalise_prefix("/api/"), "/api");
+  EXPECT_EQ(normalise_prefix("/api///"), "/api");
+  EXPECT_EQ(normalise_prefix("/a/b/"), "/a/b");
+}
+
+}  // namespace
+}  // namespace ingressd::topology
