@@ -1,5 +1,6 @@
 #include "ingressd/server/daemon.hpp"
 
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -132,6 +133,16 @@ void daemon::set_topology(std::shared_ptr<const topology::snapshot> snap) {
 std::shared_ptr<const topology::snapshot> daemon::current_topology() const {
   std::lock_guard lk(impl_->snap_mu);
   return impl_->snap;
+}
+
+void daemon::sync() {
+  std::vector<std::future<void>> done;
+  for (auto& w : impl_->workers) {
+    auto p = std::make_shared<std::promise<void>>();
+    done.push_back(p->get_future());
+    asio::post(w->ioc(), [p] { p->set_value(); });
+  }
+  for (auto& f : done) f.wait();
 }
 
 std::uint16_t daemon::port() const { return impl_->port; }

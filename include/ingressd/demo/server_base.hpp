@@ -72,7 +72,9 @@ class exchange {
   /// Writes all bytes (flushed as one write). False when the peer is gone or the server stops.
   awaitable<bool> write(std::string_view bytes);
   /// Sleeps for `d` while watching the connection. False when the peer closed meanwhile or the
-  /// server stops; bytes the peer sends meanwhile (pipelined requests) are kept for later.
+  /// server stops; bytes the peer sends meanwhile (pipelined requests) are kept for later. A
+  /// half-close (EOF) counts as the peer going away, as in uvicorn: a client waiting for a
+  /// response does not shut down its sending side.
   awaitable<bool> wait(clock::duration d);
   /// Never answers: waits until the peer closes the connection or the server stops.
   awaitable<void> wait_for_peer_close();

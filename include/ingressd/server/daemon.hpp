@@ -29,6 +29,10 @@ class daemon {
   /// The topology most recently published (nullptr before the first).
   std::shared_ptr<const topology::snapshot> current_topology() const;
 
+  /// Returns once every worker has run everything posted to it before this call (for example a
+  /// set_topology). Used by tests instead of sleeping.
+  void sync();
+
   /// The bound ports (useful with port 0).
   std::uint16_t port() const;
   std::uint16_t admin_port() const;
