@@ -11,10 +11,12 @@
 #include <boost/asio/ip/udp.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "ingressd/config/config.hpp"
 #include "ingressd/core/asio.hpp"
+#include "ingressd/demo/cluster.hpp"
 #include "ingressd/server/daemon.hpp"
 #include "ingressd/topology/snapshot.hpp"
 #include "ingressd/topology/topology.hpp"
@@ -123,7 +125,28 @@ int run(int argc, const char* const* argv) {
   // Topology at start: a bad file is a configuration error (contract §3.2).
   topology::document doc;
   std::string source;
-  if (!cfg->topology.file.empty()) {
+  std::unique_ptr<demo::cluster> demo_cluster;
+  if (cl.demo) {
+    // The demo cluster lives in this process, on loopback: this node is 127.0.0.1 and the
+    // remote router stands on 127.0.0.3 ("another node").
+    {
+      auto c = *cfg;
+      if (c.node_ip.empty()) c.node_ip = "127.0.0.1";
+      // No load balancer stands in front of the demo: Ctrl-C need not wait for one to notice.
+      if (c.drain == config::drain_settings{}) c.drain.min_period = ingressd::duration{0};
+      cfg = std::make_shared<const config::config>(std::move(c));
+    }
+    try {
+      demo::cluster::options o;
+      o.local_ip = cfg->node_ip;
+      demo_cluster = std::make_unique<demo::cluster>(o);
+    } catch (const std::exception& e) {
+      spdlog::error("cannot start the demo cluster: {}", e.what());
+      return 1;
+    }
+    doc = demo_cluster->document();
+    source = "demo cluster";
+  } else if (!cfg->topology.file.empty()) {
     source = "file " + cfg->topology.file;
     auto text = read_file(cfg->topology.file);
     if (!text) {
@@ -169,7 +192,27 @@ int run(int argc, const char* const* argv) {
                  snap->router_count(), snap->replica_count(), snap->generation);
     d.set_topology(std::move(snap));
   };
-  if (!cfg->topology.file.empty()) publish(doc);
+  if (!cfg->topology.file.empty() || cl.demo) publish(doc);
+  if (cl.demo) {
+    auto base = fmt::format("http://127.0.0.1:{}", d.port());
+    auto admin = fmt::format("http://127.0.0.1:{}", d.admin_port());
+    std::printf(
+        "\ningressd demo: 3 replicas streaming SSE, 2 routers on this node (%s), 1 on another (127.0.0.3)\n\n"
+        "  # a streamed chat completion, routed by a co-located router:\n"
+        "  curl -N %s/v1/chat/completions -H 'content-type: application/json' \\\n"
+        "       -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n"
+        "  # the same with headers: x-served-by names the replica the router picked\n"
+        "  curl -si %s/v1/chat/completions -d '{\"stream\":false}' | grep -i x-served-by\n"
+        "  # a plain GET (no router call, least-loaded replica) and the echo app\n"
+        "  curl -s %s/v1/models; echo; curl -s %s/echo/hello; echo\n"
+        "  # health, routes, topology (router pool, co-located first) and metrics\n"
+        "  curl -s %s/-/healthz; echo; curl -s %s/-/routes; echo\n"
+        "  curl -s %s/topology; echo; curl -s %s/metrics\n\n"
+        "Ctrl-C drains and exits.\n",
+        cfg->node_ip.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(),
+        admin.c_str(), admin.c_str());
+    std::fflush(stdout);
+  }
 
   asio::io_context main_ioc(1);
   asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
