@@ -287,8 +287,17 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
   const auto& view = snap->apps[app_index];
   const auto& pool = view.router_pool;
   const std::size_t n = pool.size();
-  // The worker's app table matches `snap`: nothing was awaited since the request was routed.
-  const std::size_t start = w_.app(app_index).router_cursor.take(n);
+  // The cursor lives in the worker's app table, which follows the worker's current snapshot. If
+  // the topology changed while the body prefix was read, use the app's cursor there only when
+  // its pool is the same.
+  std::size_t start = 0;
+  if (w_.snapshot_ptr() == snap) {
+    start = w_.app(app_index).router_cursor.take(n);
+  } else if (const auto* cur = w_.snap()) {
+    for (std::size_t i = 0; i < cur->apps.size(); ++i)
+      if (cur->apps[i].name == view.name && cur->apps[i].pool_signature == view.pool_signature)
+        start = w_.app(i).router_cursor.take(n);
+  }
 
   // The session header, or its -/_ variant (ray-serve-ingress.md §2.1).
   std::string_view session_value;
@@ -370,10 +379,25 @@ awaitable<void> session::run() {
   while (!aborted_) {
     if (co_await serve_one() == outcome::close) break;
   }
+  error_code ignored;
+  if (!aborted_ && sock_.is_open()) {
+    sock_.shutdown(tcp::socket::shutdown_send, ignored);
+    if ((parser_ && !parser_->is_done()) || buf_.size() > 0) {
+      // Lingering close (hardening C5): the client may still be sending a body we refused;
+      // closing now would reset the connection and could destroy our response in flight.
+      // Read and discard for a bounded time and amount, until the client closes.
+      arm(std::chrono::seconds(2), phase::head);
+      std::array<char, 4096> sink;
+      std::size_t discarded = 0;
+      while (discarded < 1024 * 1024) {
+        auto [ec, n] = co_await sock_.async_read_some(asio::buffer(sink), nothrow);
+        if (ec) break;
+        discarded += n;
+      }
+    }
+  }
   disarm();
   timer_.cancel();
-  error_code ignored;
-  if (!aborted_) sock_.shutdown(tcp::socket::shutdown_send, ignored);
   sock_.close(ignored);
 }
 
@@ -551,7 +575,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       } else if (cfg.router.failure_mode == config::on_failure::fail_open || view.router_fallback) {
         spdlog::debug("router failure {} for app {}: failing open", to_string(*failure), app_name);
       } else {
-        co_return co_await respond_reason(*failure, true);
+        co_return co_await respond_reason(*failure, close || !parser_->is_done());
       }
     }
   }
@@ -569,7 +593,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       std::optional<std::size_t> idx;
       for (std::size_t i = 0; i < next->apps.size(); ++i)
         if (next->apps[i].name == app_name) idx = i;
-      if (!idx) co_return co_await respond_reason(reason::no_healthy_replica, true);
+      if (!idx) co_return co_await respond_reason(reason::no_healthy_replica, close || !parser_->is_done());
       if (pinned) {
         auto it = next->apps[*idx].replica_by_name.find(snap->apps[app_index].replicas[*pinned].name);
         pinned = it == next->apps[*idx].replica_by_name.end() ? std::nullopt : std::optional(it->second);
@@ -596,7 +620,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
         ep = &*snap->fallback;
       } else {
         co_return co_await respond_reason(tried.empty() ? reason::no_healthy_replica : reason::upstream_error,
-                                          true);
+                                          close || !parser_->is_done());
       }
     }
     conn = w_.pool().take(ep->key);
@@ -611,7 +635,8 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       if (ec) {
         conn.reset();
         tried.push_back(ep->key);
-        if (++connect_failures > cfg.upstream.retries) co_return co_await respond_reason(reason::upstream_error, true);
+        if (++connect_failures > cfg.upstream.retries)
+          co_return co_await respond_reason(reason::upstream_error, close || !parser_->is_done());
         continue;
       }
       error_code ignored;
@@ -670,7 +695,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
 
   auto upstream_failed = [&](reason r) -> awaitable<outcome> {
     hard_close(conn->sock);
-    co_return co_await respond_reason(r, true);
+    co_return co_await respond_reason(r, close || !parser_->is_done());
   };
 
   // Body: client -> upstream, one piece at a time, with our own framing. Bytes read while the
