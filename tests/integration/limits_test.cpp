@@ -1,0 +1,239 @@
+// Client-side limits and timeouts (contract §2 `client.*`; hardening B1, B4, B5, C1, C2, C3, F1):
+// oversized heads and bodies are refused with nothing reaching a replica, and every wait on the
+// client has a timer.
+#include <chrono>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "fakes/http_client.hpp"
+#include "fakes/proxy_fixture.hpp"
+#include "fakes/topology_builder.hpp"
+#include "ingressd/demo/replica_server.hpp"
+
+namespace ingressd {
+namespace {
+
+using namespace std::chrono_literals;
+using demo::replica_server;
+using testing::clock;
+using testing::connection;
+using testing::format_request;
+using testing::http_get;
+using testing::http_post;
+using testing::proxy;
+using testing::target_of;
+using testing::test_config;
+using testing::topology_builder;
+
+const std::string loopback = "127.0.0.1";
+
+replica_server::options named(std::string name) {
+  return {.name = std::move(name), .bind_ip = loopback, .port = 0, .token_delay = 20ms, .tokens = 8};
+}
+
+void route_all_to(proxy& p, const replica_server& r) { p.set_topology(topology_builder().app("app", "/", {target_of(r)})); }
+
+/// A config with short client timers and small size limits; tests override what they probe.
+config::config limits_config() {
+  auto cfg = test_config();
+  cfg.client.header_timeout = 5s;
+  cfg.client.body_timeout = 5s;
+  cfg.client.keepalive_timeout = 5s;
+  cfg.client.max_header_bytes = 4096;
+  cfg.client.max_body_bytes = 1024;
+  return cfg;
+}
+
+TEST(Limits, HeaderSectionOverMaxHeaderBytesIs431) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  proxy p(limits_config());
+  route_all_to(p, r);
+
+  auto fits = http_get(loopback, p.port(), "/ok", {{"X-Big", std::string(2000, 'a')}});
+  ASSERT_TRUE(fits.complete) << fits.error;
+  EXPECT_EQ(fits.status, 200u) << "a head under the limit must pass";
+
+  auto res = http_get(loopback, p.port(), "/too-big", {{"X-Big", std::string(8000, 'a')}});
+  ASSERT_TRUE(res.complete) << res.error;
+  EXPECT_EQ(res.status, 431u);
+  EXPECT_FALSE(res.keep_alive()) << "431 closes the connection";
+
+  // Many small headers adding up past the limit count too.
+  testing::header_list many;
+  for (int i = 0; i < 200; ++i) many.emplace_back("X-H" + std::to_string(i), std::string(40, 'b'));
+  auto res2 = http_get(loopback, p.port(), "/too-many", many);
+  ASSERT_TRUE(res2.complete) << res2.error;
+  EXPECT_EQ(res2.status, 431u);
+
+  EXPECT_EQ(r.request_count(), 1u) << "nothing of a refused request reaches the replica";
+}
+
+TEST(Limits, DeclaredBodyOverMaxBodyBytesIs413BeforeTheBodyIsRead) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  proxy p(limits_config());
+  route_all_to(p, r);
+
+  auto fits = http_post(loopback, p.port(), "/ok", {}, std::string(1024, 'x'));
+  ASSERT_TRUE(fits.complete) << fits.error;
+  EXPECT_EQ(fits.status, 200u) << "a body of exactly max_body_bytes must pass";
+
+  // Only the head: the 413 must come without waiting for a body.
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  ASSERT_TRUE(c.write("POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n"));
+  auto res = c.read_response(3s);
+  ASSERT_TRUE(res.complete) << res.error;
+  EXPECT_EQ(res.status, 413u);
+  EXPECT_FALSE(res.keep_alive());
+
+  // Head and body together.
+  auto res2 = http_post(loopback, p.port(), "/big", {}, std::string(4096, 'y'));
+  ASSERT_TRUE(res2.complete) << res2.error;
+  EXPECT_EQ(res2.status, 413u);
+  EXPECT_EQ(r.request_count(), 1u);
+}
+
+TEST(Limits, ExpectContinueWithTooLargeBodyGets413Without100) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  proxy p(limits_config());
+  route_all_to(p, r);
+
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  ASSERT_TRUE(c.write("POST /big HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n"));
+  auto res = c.read_response(3s);
+  ASSERT_TRUE(res.complete) << res.error;
+  EXPECT_EQ(res.status, 413u) << "the final status goes first, with no 100 Continue";
+  EXPECT_EQ(r.request_count(), 0u);
+}
+
+TEST(Limits, ChunkedBodyGrowingPastMaxBodyBytesIsRefused) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  proxy p(limits_config());
+  route_all_to(p, r);
+
+  std::string raw = "POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 4; ++i) raw += "200\r\n" + std::string(512, static_cast<char>('a' + i)) + "\r\n";
+  raw += "0\r\n\r\n";
+  auto c = testing::send_raw(loopback, p.port(), raw);
+  ASSERT_TRUE(c.connected()) << c.error();
+  auto res = c.read_response(3s);
+  EXPECT_FALSE(res.timed_out) << "the proxy must answer or close, not wait";
+  if (res.complete) {
+    EXPECT_EQ(res.status, 413u);
+    EXPECT_FALSE(res.keep_alive());
+  } else {
+    EXPECT_EQ(res.status, 0u) << "an incomplete response must not have started with a success";
+  }
+  EXPECT_TRUE(c.is_closed(2s));
+  EXPECT_EQ(r.request_count(), 0u) << "the replica must never receive the oversized body as a complete request";
+}
+
+TEST(Limits, PartialHeadTimesOutWith408ThenClose) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  auto cfg = limits_config();
+  cfg.client.header_timeout = 300ms;
+  proxy p(cfg);
+  route_all_to(p, r);
+
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  const auto start = clock::now();
+  ASSERT_TRUE(c.write("GET /slow HTTP/1.1\r\nHost: x\r\n"));
+  auto res = c.read_response(3s);
+  const auto took = clock::now() - start;
+  ASSERT_TRUE(res.complete) << res.error;
+  EXPECT_EQ(res.status, 408u);
+  EXPECT_FALSE(res.keep_alive());
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 2s);
+  EXPECT_TRUE(c.is_closed(1s)) << "408 is followed by a close";
+  EXPECT_EQ(r.request_count(), 0u);
+}
+
+TEST(Limits, HeaderTimeoutIsTotalNotResetByDrippingBytes) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  auto cfg = limits_config();
+  cfg.client.header_timeout = 300ms;
+  proxy p(cfg);
+  route_all_to(p, r);
+
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  const auto start = clock::now();
+  ASSERT_TRUE(c.write("GET /slowloris HTTP/1.1\r\nHost: x\r\n"));
+  // Slowloris: one more header line every 50 ms, for up to 2 s. is_closed() is the pacing wait
+  // and stops the drip as soon as the proxy gives up.
+  for (int i = 0; i < 40; ++i) {
+    if (c.is_closed(50ms)) break;
+    if (!c.write("X-Drip-" + std::to_string(i) + ": 1\r\n")) break;
+  }
+  const auto took = clock::now() - start;
+  EXPECT_LT(took, 1500ms) << "a header timer that each byte resets lets slowloris hold the connection";
+  auto res = c.read_response(1s);
+  if (res.complete) {
+    EXPECT_EQ(res.status, 408u);
+  }
+  EXPECT_TRUE(c.is_closed(1s));
+  EXPECT_EQ(r.request_count(), 0u);
+}
+
+TEST(Limits, KeepAliveIdleTimeoutClosesQuietly) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  auto cfg = limits_config();
+  cfg.client.keepalive_timeout = 300ms;
+  proxy p(cfg);
+  route_all_to(p, r);
+
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  ASSERT_TRUE(c.write(format_request("GET", "/x", loopback, p.port(), {}, {})));
+  auto res = c.read_response(3s);
+  ASSERT_TRUE(res.complete) << res.error;
+  ASSERT_TRUE(res.keep_alive());
+  const auto idle_from = clock::now();
+  auto rest = c.read_until_close(3s);
+  const auto took = clock::now() - idle_from;
+  EXPECT_FALSE(rest.timed_out) << "an idle keep-alive connection must be closed";
+  EXPECT_TRUE(rest.bytes.empty()) << "no response (no 408) on an idle close: " << rest.bytes;
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 2s);
+}
+
+TEST(Limits, NewConnectionThatSendsNothingIsClosedQuietly) {
+  auto cfg = limits_config();
+  cfg.client.keepalive_timeout = 300ms;
+  cfg.client.header_timeout = 300ms;  // whichever timer applies before the first byte
+  proxy p(cfg);
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  auto rest = c.read_until_close(3s);
+  EXPECT_FALSE(rest.timed_out) << "a connection that never sends a byte must not be held forever";
+  EXPECT_TRUE(rest.bytes.empty()) << rest.bytes;
+}
+
+TEST(Limits, StalledRequestBodyTimesOutWith408) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  auto cfg = limits_config();
+  cfg.client.body_timeout = 300ms;
+  proxy p(cfg);
+  route_all_to(p, r);
+
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  const auto start = clock::now();
+  ASSERT_TRUE(c.write("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789"));
+  auto res = c.read_response(3s);
+  const auto took = clock::now() - start;
+  ASSERT_TRUE(res.complete) << res.error;
+  EXPECT_EQ(res.status, 408u);
+  EXPECT_FALSE(res.keep_alive());
+  EXPECT_GE(took, 250ms);
+  EXPECT_LT(took, 2s);
+  EXPECT_TRUE(c.is_closed(1s));
+  EXPECT_EQ(r.request_count(), 0u) << "the replica never gets a complete request";
+}
+
+}  // namespace
+}  // namespace ingressd
