@@ -20,6 +20,30 @@ bool is_token(std::string_view name) noexcept {
 }
 
 namespace {
+
+bool iequal(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x + 32);
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y + 32);
+    if (x != y) return false;
+  }
+  return true;
+}
+
+/// Headers the proxy owns on the forwarded request: framing and hop-by-hop fields, and the ones
+/// it sets itself. A router may not set these (a second Content-Length would be a smuggling
+/// shape; a second X-Request-Id would split the request's identity), so they are dropped.
+bool reserved(std::string_view name) noexcept {
+  static constexpr std::string_view names[] = {
+      "host", "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection",
+      "te", "upgrade", "expect", "trailer", "x-request-id", "x-forwarded-for", "x-forwarded-proto"};
+  for (auto n : names)
+    if (iequal(n, name)) return true;
+  return false;
+}
+
 bool valid_value(std::string_view v) noexcept {
   for (char c : v)
     if (c == '\r' || c == '\n' || c == '\0') return false;
@@ -44,7 +68,7 @@ router_reply parse_router_reply(unsigned status, std::string_view body) {
       if (!it.value().is_string() || !is_token(it.key())) return r;
       const auto& v = it.value().get_ref<const std::string&>();
       if (!valid_value(v)) return r;
-      r.request_headers.emplace_back(it.key(), v);
+      if (!reserved(it.key())) r.request_headers.emplace_back(it.key(), v);
     }
   }
   r.replica_id = id->get<std::string>();

@@ -167,6 +167,19 @@ TEST(ProxyBasic, NoMatchingRouteIs404NoRoute) {
   ASSERT_TRUE(ok.complete) << ok.error;
   EXPECT_EQ(ok.status, 200u);
   EXPECT_EQ(api.request_count(), 1u) << "a 404 must not reach any replica";
+
+  // A 404 for a bodiless request leaves the connection usable.
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  ASSERT_TRUE(c.write(get_req(p, "/nope") + get_req(p, "/api/after-404")));
+  auto miss = c.read_response(5s);
+  ASSERT_TRUE(miss.complete) << miss.error;
+  EXPECT_EQ(miss.status, 404u);
+  if (miss.keep_alive()) {
+    auto hit = c.read_response(5s);
+    ASSERT_TRUE(hit.complete) << hit.error;
+    EXPECT_EQ(echoed_target(hit), "/api/after-404");
+  }
 }
 
 TEST(ProxyBasic, RootPathIsStrippedBeforeMatchingAndForwarding) {
@@ -387,12 +400,89 @@ TEST(ProxyBasic, UpstreamConnectionCloseDoesNotCloseTheClientConnection) {
   EXPECT_EQ(echoed_target(r), "/two");
 }
 
+TEST(ProxyBasic, RepeatedEndToEndHeadersKeepTheirOrderBothWays) {
+  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  a.set_behaviour(replica_behaviour::respond(200, {{"Set-Cookie", "a=1"}, {"X-Mid", "m"}, {"Set-Cookie", "b=2"}}, "ok"));
+  proxy p(test_config());
+  p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
+
+  auto r = http_get(loopback, p.port(), "/x", {{"X-Multi", "one"}, {"Accept", "*/*"}, {"X-Multi", "two"}});
+  ASSERT_TRUE(r.complete) << r.error;
+  std::vector<std::string> cookies;
+  for (const auto& [n, v] : r.headers)
+    if (n == "Set-Cookie" || n == "set-cookie") cookies.push_back(v);
+  EXPECT_EQ(cookies, (std::vector<std::string>{"a=1", "b=2"}));
+
+  auto rec = a.requests();
+  ASSERT_EQ(rec.size(), 1u);
+  std::vector<std::string> multi;
+  for (const auto& [n, v] : rec[0].headers)
+    if (n == "X-Multi" || n == "x-multi") multi.push_back(v);
+  EXPECT_EQ(multi, (std::vector<std::string>{"one", "two"}));
+}
+
+TEST(ProxyBasic, ChunkedResponseIsReframed) {
+  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  a.set_behaviour(replica_behaviour::respond(
+      200, {{"Content-Type", "text/plain"}, {"Transfer-Encoding", "chunked"}},
+      "5;ext=upstream-secret\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"));
+  proxy p(test_config());
+  p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
+
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  ASSERT_TRUE(c.write(get_req(p, "/x", {{"Connection", "close"}})));
+  auto raw = c.read_until_close(5s);
+  ASSERT_TRUE(raw.closed) << raw.bytes;
+  EXPECT_EQ(raw.bytes.find("ext=upstream-secret"), std::string::npos) << "upstream chunk extensions passed through";
+  EXPECT_EQ(raw.bytes.find("X-Trailer"), std::string::npos) << "upstream trailers passed through";
+  // The body itself arrives intact on a parsing client.
+  auto r = http_get(loopback, p.port(), "/y");
+  ASSERT_TRUE(r.complete) << r.error;
+  EXPECT_EQ(r.body, "hello world");
+}
+
+TEST(ProxyBasic, BytesAfterTheUpstreamResponseNeverReachTheNextRequest) {
+  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  // Content-Length 5, then what looks like a second response (response splitting, hardening A15).
+  a.queue_behaviour(replica_behaviour::respond(
+      200, {{"Content-Length", "5"}},
+      "helloHTTP/1.1 200 OK\r\nContent-Length: 8\r\nx-served-by: smuggled\r\n\r\nsmuggled"));
+  // A 204 that (wrongly) carries body bytes (hardening F4).
+  a.queue_behaviour(replica_behaviour::respond(204, {}, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\njunk"));
+  proxy p(test_config(1));
+  p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
+
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  const std::vector<std::string> targets = {"/split", "/after-split", "/no-content", "/after-no-content"};
+  for (const auto& target : targets) {
+    ASSERT_TRUE(c.write(get_req(p, target)));
+    auto r = c.read_response(5s);
+    ASSERT_TRUE(r.complete) << target << ": " << r.error;
+    if (target == "/split") {
+      EXPECT_EQ(r.body, "hello");
+    } else if (target == "/no-content") {
+      EXPECT_EQ(r.status, 204u);
+      EXPECT_TRUE(r.body.empty());
+    } else {
+      EXPECT_EQ(r.status, 200u) << target;
+      EXPECT_EQ(served_by(r), a.name()) << target << ": a leftover upstream byte was taken as the response";
+      EXPECT_EQ(echoed_target(r), target);
+    }
+    if (!r.keep_alive()) break;
+  }
+  EXPECT_FALSE(c.is_closed(20ms));
+  EXPECT_EQ(a.request_count(), 4u);
+}
+
 TEST(ProxyBasic, ForwardedHeadersReplaceClientValues) {
   replica_server a(named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
-  auto r = http_get(loopback, p.port(), "/x", {{"X-Forwarded-For", "6.6.6.6"}, {"X-Forwarded-Proto", "https"}});
+  auto r = http_get(loopback, p.port(), "/x",
+                    {{"X-Forwarded-For", "6.6.6.6"}, {"X-Forwarded-Proto", "https"}, {"x-forwarded-for", "7.7.7.7, 8.8.8.8"}});
   ASSERT_TRUE(r.complete) << r.error;
   auto rec = a.requests();
   ASSERT_EQ(rec.size(), 1u);

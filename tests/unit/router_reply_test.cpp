@@ -54,6 +54,14 @@ TEST(RouterReply, UnsafeRequestHeadersMakeTheReplyUnusable) {
   EXPECT_EQ(parse_router_reply(200, R"({"replica_id":"x","request_headers":null})").what, kind::pinned);
 }
 
+TEST(RouterReply, ProxyOwnedRequestHeadersAreDropped) {
+  auto r = parse_router_reply(
+      200, R"({"replica_id":"x","request_headers":{"Content-Length":"3","x-request-id":"r","Transfer-Encoding":"chunked","m":"1"}})");
+  ASSERT_EQ(r.what, kind::pinned);
+  ASSERT_EQ(r.request_headers.size(), 1u);
+  EXPECT_EQ(r.request_headers[0].first, "m");
+}
+
 TEST(RouterRequest, ExactBytesWithoutBody) {
   auto bytes = build_router_request({"127.0.0.2:30004", "", std::nullopt, "x-session-id", "s1", "rid-1"});
   EXPECT_EQ(bytes,

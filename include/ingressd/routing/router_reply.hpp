@@ -19,7 +19,8 @@ struct router_reply {
   };
   kind what = kind::unparseable;
   std::string replica_id;
-  /// Headers to set on the forwarded request (validated: token names, no CR/LF/NUL in values).
+  /// Headers to set on the forwarded request (validated: token names, no CR/LF/NUL in values;
+  /// framing, hop-by-hop and proxy-owned names such as Content-Length or X-Request-Id dropped).
   std::vector<std::pair<std::string, std::string>> request_headers;
 };
 
