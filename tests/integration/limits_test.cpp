@@ -235,5 +235,38 @@ TEST(Limits, StalledRequestBodyTimesOutWith408) {
   EXPECT_EQ(r.request_count(), 0u) << "the replica never gets a complete request";
 }
 
+TEST(Limits, ConnectionsBeyondMaxConnectionsAreRefused) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  auto cfg = limits_config();
+  cfg.client.max_connections = 2;
+  proxy p(cfg);
+  route_all_to(p, r);
+
+  auto get_on = [&](connection& c, const std::string& target) {
+    if (!c.write(format_request("GET", target, loopback, p.port(), {}, {}), 1s)) return testing::http_response{};
+    return c.read_response(2s);
+  };
+  auto c1 = connection::open(loopback, p.port());
+  auto c2 = connection::open(loopback, p.port());
+  ASSERT_TRUE(get_on(c1, "/one").complete);
+  ASSERT_TRUE(get_on(c2, "/two").complete);
+
+  auto c3 = connection::open(loopback, p.port());
+  auto third = get_on(c3, "/three");
+  EXPECT_FALSE(third.complete) << "a third connection must be refused at max_connections=2";
+  EXPECT_FALSE(third.timed_out) << "refused promptly, not left hanging";
+  EXPECT_EQ(r.request_count(), 2u);
+
+  // Below the limit again, new connections are served. The slot frees when the proxy has
+  // finished the closed session, so allow a bounded number of attempts.
+  c1.close();
+  bool served = false;
+  for (int attempt = 0; attempt < 50 && !served; ++attempt) {
+    auto c4 = connection::open(loopback, p.port());
+    served = get_on(c4, "/four").complete;
+  }
+  EXPECT_TRUE(served) << "a slot freed by a closed connection must be reusable";
+}
+
 }  // namespace
 }  // namespace ingressd

@@ -108,10 +108,11 @@ TEST(ProxyBasic, PipelinedRequestsAreAnsweredInOrder) {
 
   auto c = connection::open(loopback, p.port());
   ASSERT_TRUE(c.connected()) << c.error();
-  // Request 2 carries a body so that the boundaries between pipelined requests are exercised.
+  // Requests 2 and 3 carry bodies (a GET body is legal, hardening D11) so that the boundaries
+  // between pipelined requests are exercised.
   std::string all = get_req(p, "/first") +
                     format_request("POST", "/second", loopback, p.port(), {{"Content-Type", "text/plain"}}, "0123456789") +
-                    get_req(p, "/third");
+                    format_request("GET", "/third", loopback, p.port(), {}, "GET-BODY");
   ASSERT_TRUE(c.write(all)) << c.error();
   const std::vector<std::string> expected = {"/first", "/second", "/third"};
   for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -123,6 +124,7 @@ TEST(ProxyBasic, PipelinedRequestsAreAnsweredInOrder) {
   auto rec = a.requests();
   ASSERT_EQ(rec.size(), 3u);
   EXPECT_EQ(rec[1].body, "0123456789");
+  EXPECT_EQ(rec[2].body, "GET-BODY");
 }
 
 // --- 2. Route matching ------------------------------------------------------------------------
@@ -335,6 +337,8 @@ TEST(ProxyBasic, RequestHopByHopHeadersAreRemoved) {
                      {"TE", "trailers, gzip"},
                      {"Upgrade", "h2c"},
                      {"Proxy-Connection", "keep-alive"},
+                     {"Proxy-Authorization", "Basic c2VjcmV0"},
+                     {"HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA"},
                      {"X-Kept", "yes"}});
   ASSERT_TRUE(r.complete) << r.error;
   EXPECT_EQ(r.status, 200u);
@@ -342,7 +346,8 @@ TEST(ProxyBasic, RequestHopByHopHeadersAreRemoved) {
 
   auto rec = a.requests();
   ASSERT_EQ(rec.size(), 1u);
-  for (const std::string name : {"X-Secret", "Keep-Alive", "TE", "Upgrade", "Proxy-Connection"})
+  for (const std::string name :
+       {"X-Secret", "Keep-Alive", "TE", "Upgrade", "Proxy-Connection", "Proxy-Authorization", "HTTP2-Settings"})
     EXPECT_EQ(rec[0].header_count(name), 0u) << name << " reached the replica";
   const auto conn = rec[0].header("connection").value_or("");
   EXPECT_EQ(conn.find("X-Secret"), std::string::npos) << "Connection: " << conn;
@@ -448,6 +453,7 @@ TEST(ProxyBasic, BytesAfterTheUpstreamResponseNeverReachTheNextRequest) {
   a.queue_behaviour(replica_behaviour::respond(
       200, {{"Content-Length", "5"}},
       "helloHTTP/1.1 200 OK\r\nContent-Length: 8\r\nx-served-by: smuggled\r\n\r\nsmuggled"));
+  a.queue_behaviour(replica_behaviour::normal());
   // A 204 that (wrongly) carries body bytes (hardening F4).
   a.queue_behaviour(replica_behaviour::respond(204, {}, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\njunk"));
   proxy p(test_config(1));
@@ -676,6 +682,50 @@ TEST(ProxyBasic, Http10ClientKeepAliveOnlyWhenAsked) {
   EXPECT_TRUE(c.is_closed(1s)) << "HTTP/1.0 without keep-alive closes after the response";
 }
 
+TEST(ProxyBasic, InterimResponsesAreForwardedToHttp11ClientsOnly) {
+  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  // A 103 Early Hints head, then the final response (the fake writes the body bytes verbatim
+  // after a bodiless 1xx head).
+  const auto early_then_final = replica_behaviour::respond(
+      103, {{"Link", "</style.css>; rel=preload"}}, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal");
+  a.queue_behaviour(early_then_final);
+  a.queue_behaviour(early_then_final);
+  proxy p(test_config());
+  p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
+
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  ASSERT_TRUE(c.write(get_req(p, "/hints")));
+  auto interim = c.read_response(5s);
+  ASSERT_TRUE(interim.complete) << interim.error;
+  EXPECT_EQ(interim.status, 103u);
+  EXPECT_EQ(interim.header("link").value_or(""), "</style.css>; rel=preload");
+  auto final_res = c.read_response(5s);
+  ASSERT_TRUE(final_res.complete) << final_res.error;
+  EXPECT_EQ(final_res.status, 200u);
+  EXPECT_EQ(final_res.body, "final");
+
+  // HTTP/1.0 clients do not understand 1xx: they get the final response only.
+  auto c10 = connection::open(loopback, p.port());
+  ASSERT_TRUE(c10.connected()) << c10.error();
+  ASSERT_TRUE(c10.write("GET /hints HTTP/1.0\r\nHost: x\r\n\r\n"));
+  auto r10 = c10.read_response(5s);
+  ASSERT_TRUE(r10.complete) << r10.error;
+  EXPECT_EQ(r10.status, 200u);
+  EXPECT_EQ(r10.body, "final");
+}
+
+TEST(ProxyBasic, UnrequestedUpgradeFromReplicaIs502) {
+  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  a.set_behaviour(replica_behaviour::respond(101, {{"Upgrade", "websocket"}, {"Connection", "Upgrade"}}, ""));
+  proxy p(test_config());
+  p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
+  auto r = http_get(loopback, p.port(), "/ws");
+  ASSERT_TRUE(r.complete) << r.error;
+  EXPECT_EQ(r.status, 502u);
+  EXPECT_EQ(r.header("x-serve-reason").value_or(""), "upstream_error");
+}
+
 // --- 8. ingressd's own endpoints (§5) -------------------------------------------------------------
 
 TEST(ProxyBasic, HealthzAndRoutesWithTopology) {
@@ -704,6 +754,21 @@ TEST(ProxyBasic, HealthzAndRoutesFailBeforeTopology) {
     ASSERT_TRUE(r.complete) << path << ": " << r.error;
     EXPECT_EQ(r.status, 503u) << path;
   }
+}
+
+TEST(ProxyBasic, HealthzFailsWhenNoAppHasAReplica) {
+  proxy p(test_config());
+  p.set_topology(topology_builder().app("empty", "/", {}));
+  auto h = http_get(loopback, p.port(), "/-/healthz");
+  ASSERT_TRUE(h.complete) << h.error;
+  EXPECT_EQ(h.status, 503u) << h.body;
+
+  // A topology without apps is healthy (nothing to serve, nothing broken).
+  p.set_topology(topology_builder());
+  h = http_get(loopback, p.port(), "/-/healthz");
+  ASSERT_TRUE(h.complete) << h.error;
+  EXPECT_EQ(h.status, 200u);
+  EXPECT_EQ(h.body, "success");
 }
 
 TEST(ProxyBasic, HealthzFailsDuringDrain) {

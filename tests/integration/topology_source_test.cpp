@@ -211,6 +211,14 @@ TEST(TopologySource, PollBackoffDoublesAndIsCapped) {
   EXPECT_EQ(poll_backoff(60000ms, 4), 60000ms);  // never below the poll interval
 }
 
+TEST(TopologySource, LocalAddressTowards) {
+  EXPECT_EQ(local_address_towards("127.0.0.1"), std::optional<std::string>("127.0.0.1"));
+  EXPECT_EQ(local_address_towards("127.0.0.1", 8265), std::optional<std::string>("127.0.0.1"));
+  const auto via_name = local_address_towards("localhost", 8265);
+  ASSERT_TRUE(via_name.has_value());
+  EXPECT_TRUE(*via_name == "127.0.0.1" || *via_name == "::1") << *via_name;
+}
+
 // ---------------------------------------------------------------------------------------------
 // File source
 
