@@ -16,6 +16,7 @@
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/ip/udp.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -111,6 +112,31 @@ duration poll_backoff(duration poll_interval, unsigned consecutive_failures) {
   duration d = poll_interval;
   for (unsigned i = 1; i < consecutive_failures && d < cap; ++i) d *= 2;
   return std::min(d, cap);
+}
+
+std::optional<std::string> local_address_towards(const std::string& host, std::uint16_t port) {
+  asio::io_context ioc;
+  error_code ec;
+  std::vector<asio::ip::address> candidates;
+  if (auto address = asio::ip::make_address(host, ec); !ec) {
+    candidates.push_back(address);
+  } else {
+    tcp::resolver resolver(ioc);
+    auto results = resolver.resolve(host, std::to_string(port), ec);
+    if (ec) return std::nullopt;
+    for (const auto& entry : results) candidates.push_back(entry.endpoint().address());
+  }
+  for (const auto& address : candidates) {
+    // A connected UDP socket sends nothing; the kernel only picks the route and source address.
+    asio::ip::udp::socket socket(ioc);
+    socket.open(address.is_v4() ? asio::ip::udp::v4() : asio::ip::udp::v6(), ec);
+    if (ec) continue;
+    socket.connect({address, port}, ec);
+    if (ec) continue;
+    auto local = socket.local_endpoint(ec);
+    if (!ec) return local.address().to_string();
+  }
+  return std::nullopt;
 }
 
 namespace {
@@ -337,7 +363,9 @@ struct http_state : common_state {
     beast::tcp_stream conn(ex);
     registration<beast::tcp_stream> r3(stream, conn);
     conn.expires_at(deadline_at);
-    auto [cec, cep] = co_await conn.async_connect(endpoints, nothrow);
+    // The condition stops the walk over several addresses once stop() closed the socket.
+    auto [cec, cep] = co_await conn.async_connect(
+        endpoints, [this](const error_code&, const tcp::endpoint&) { return !stopped.load(); }, nothrow);
     if (cec) co_return fetch_result{false, describe_error("connect", cec)};
 
     http::request<http::empty_body> req{http::verb::get, parsed->target, 11};

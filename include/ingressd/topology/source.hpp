@@ -106,4 +106,10 @@ std::string dashboard_applications_url(std::string_view dashboard_url);
 /// max(max_poll_backoff, poll_interval).
 duration poll_backoff(duration poll_interval, unsigned consecutive_failures);
 
+/// The local address the kernel would use to reach `host` (an IP literal, or a name resolved
+/// synchronously: blocking, for startup only), as in contract §3.3 step 3 ("the source address
+/// the kernel picks to reach the topology source's host"). A connected UDP socket is used, so
+/// nothing is sent. nullopt when it cannot tell (unresolvable name, no route).
+std::optional<std::string> local_address_towards(const std::string& host, std::uint16_t port = 80);
+
 }  // namespace ingressd::topology

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Result bookkeeping for bench/run.sh.
+
+  report.py wrk   --file OUT --round R --proxy P --scenario S --cpu-ticks T [--clk-tck HZ]
+                  [--core-busy PCT]
+      parse one `wrk --latency` output, print result rows (TSV: round proxy scenario metric value)
+  report.py json  --json '{...}' --round R --proxy P --scenario S [--keys a,b,c]
+      turn one JSON object (ttft.py / idle_conns.py output) into result rows
+  report.py table --results results.tsv [--quick] [--gate-ratio 2.0]
+      print the comparison table (medians over rounds, per-round ratios) and the goal checks;
+      with --quick, exit 1 when ingressd's router-path req/s is below gate-ratio x HAProxy's in
+      the same run (or ingressd had errors on that path)
+"""
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+
+
+def to_ms(text):
+    m = re.match(r"([\d.]+)(us|ms|s|m|h)$", text.strip())
+    if not m:
+        return None
+    return float(m.group(1)) * UNIT[m.group(2)]
+
+
+def parse_wrk(text):
+    out = {}
+    m = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", text)
+    if not m:
+        raise SystemExit("wrk output has no request count:\n" + text)
+    out["requests"] = int(m.group(1))
+    out["seconds"] = float(m.group(2)) * UNIT[m.group(3)] / 1000.0
+    for pct in ("50", "75", "90", "99"):
+        mm = re.search(r"^\s+%s(?:\.0+)?%%\s+(\S+)" % pct, text, re.M)
+        if mm:
+            out["p%s_ms" % pct] = to_ms(mm.group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    out["non2xx"] = int(non2xx.group(1)) if non2xx else 0
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    out["sock_errors"] = sum(int(x) for x in sock.groups()) if sock else 0
+    return out
+
+
+def cmd_wrk(a):
+    with open(a.file) as f:
+        w = parse_wrk(f.read())
+    good = w["requests"] - w["non2xx"]
+    rows = {
+        "rps": good / w["seconds"] if w["seconds"] else 0.0,
+        "p50_ms": w.get("p50_ms"),
+        "p99_ms": w.get("p99_ms"),
+        "errors": w["non2xx"] + w["sock_errors"],
+        "requests": w["requests"],
+    }
+    if a.cpu_ticks is not None and w["requests"]:
+        rows["cpu_us"] = a.cpu_ticks / a.clk_tck * 1e6 / w["requests"]
+    if a.core_busy is not None:
+        rows["core_busy"] = a.core_busy
+    for k, v in rows.items():
+        if v is not None:
+            print("%s\t%s\t%s\t%s\t%.6g" % (a.round, a.proxy, a.scenario, k, v))
+
+
+def cmd_json(a):
+    obj = json.loads(a.json)
+    keys = a.keys.split(",") if a.keys else list(obj)
+    for k in keys:
+        v = obj.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            print("%s\t%s\t%s\t%s\t%.6g" % (a.round, a.proxy, a.scenario, k, v))
+
+
+# ---------------------------------------------------------------- table
+
+ROWS = [
+    # scenario, metric, label, format, goal-direction ("hi" = more is better)
+    ("plain_c64", "rps", "plain GET c64: req/s", "%.0f", "hi"),
+    ("plain_c64", "p50_ms", "plain GET c64: p50 ms", "%.3f", "lo"),
+    ("plain_c64", "p99_ms", "plain GET c64: p99 ms", "%.3f", "lo"),
+    ("plain_c64", "cpu_us", "plain GET c64: proxy CPU us/req", "%.1f", "lo"),
+    ("router_c16", "rps", "router POST c16: req/s", "%.0f", "hi"),
+    ("router_c16", "p50_ms", "router POST c16: p50 ms", "%.3f", "lo"),
+    ("router_c16", "p99_ms", "router POST c16: p99 ms", "%.3f", "lo"),
+    ("router_c16", "cpu_us", "router POST c16: proxy CPU us/req", "%.1f", "lo"),
+    ("router_c64", "rps", "router POST c64: req/s", "%.0f", "hi"),
+    ("router_c64", "p50_ms", "router POST c64: p50 ms", "%.3f", "lo"),
+    ("router_c64", "p99_ms", "router POST c64: p99 ms", "%.3f", "lo"),
+    ("router_c64", "cpu_us", "router POST c64: proxy CPU us/req", "%.1f", "lo"),
+    ("router_c256", "rps", "router POST c256: req/s", "%.0f", "hi"),
+    ("router_c256", "p50_ms", "router POST c256: p50 ms", "%.3f", "lo"),
+    ("router_c256", "p99_ms", "router POST c256: p99 ms", "%.3f", "lo"),
+    ("router_c256", "cpu_us", "router POST c256: proxy CPU us/req", "%.1f", "lo"),
+    ("router_c64_t2", "rps", "router POST c64, 2 threads: req/s", "%.0f", "hi"),
+    ("router_c64_t2", "cpu_us", "router POST c64, 2 threads: CPU us/req", "%.1f", "lo"),
+    ("sse", "ttft_p50_ms", "SSE TTFT p50 ms (router path)", "%.3f", "lo"),
+    ("sse", "added_p50_ms", "SSE TTFT added over direct, p50 ms", "%.3f", "lo"),
+    ("sse", "ttft_p99_ms", "SSE TTFT p99 ms", "%.3f", "lo"),
+    ("sse", "lag_p50_ms", "SSE per-event delay p50 ms", "%.3f", "lo"),
+    ("sse", "batched", "SSE events batched (count)", "%.0f", "lo"),
+    ("idle", "bytes_per_conn", "idle keep-alive conn: RSS bytes/conn", "%.0f", "lo"),
+]
+ERROR_SCENARIOS = ["plain_c64", "router_c16", "router_c64", "router_c256", "router_c64_t2"]
+
+
+def load(path):
+    data = defaultdict(dict)  # (proxy, scenario, metric) -> {round: value}
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 5:
+                continue
+            rnd, proxy, scen, metric, val = parts
+            data[(proxy, scen, metric)][rnd] = float(val)
+    return data
+
+
+def med(d):
+    return statistics.median(d.values()) if d else None
+
+
+def fmt_cell(d, f):
+    if not d:
+        return "-"
+    m = f % med(d)
+    if len(d) > 1:
+        m += " [%s-%s]" % (f % min(d.values()), f % max(d.values()))
+    return m
+
+
+def per_round_ratio(a, b):
+    rs = [a[r] / b[r] for r in a if r in b and b[r]]
+    return rs
+
+
+def cmd_table(a):
+    data = load(a.results)
+    # derived: TTFT added over direct, per round
+    for proxy in ("ingressd", "haproxy"):
+        t = data.get((proxy, "sse", "ttft_p50_ms"), {})
+        d = data.get(("direct", "sse", "ttft_p50_ms"), {})
+        for r, v in t.items():
+            if r in d:
+                data[(proxy, "sse", "added_p50_ms")][r] = v - d[r]
+    rounds = sorted({r for v in data.values() for r in v})
+    lines = []
+    head = ("scenario / metric", "ingressd", "haproxy", "ratio i/h")
+    body = []
+    for scen, metric, label, f, _ in ROWS:
+        di = data.get(("ingressd", scen, metric), {})
+        dh = data.get(("haproxy", scen, metric), {})
+        if not di and not dh:
+            continue
+        rs = per_round_ratio(di, dh)
+        ratio = "-"
+        if rs:
+            ratio = "%.2f" % statistics.median(rs)
+            if len(rs) > 1:
+                ratio += " [%.2f-%.2f]" % (min(rs), max(rs))
+        body.append((label, fmt_cell(di, f), fmt_cell(dh, f), ratio))
+    widths = [max(len(r[i]) for r in [head] + body) for i in range(4)]
+    sep = "-+-".join("-" * w for w in widths)
+    lines.append(" | ".join(h.ljust(w) for h, w in zip(head, widths)))
+    lines.append(sep)
+    for r in body:
+        lines.append(" | ".join(c.ljust(w) for c, w in zip(r, widths)))
+    print("\n".join(lines))
+    print("cells: median over %d round(s) [min-max]; ratio: median of per-round ingressd/haproxy "
+          "[min-max]" % len(rounds))
+
+    # baselines and sanity
+    extra = []
+    for scen, label in (("direct_get_c64", "direct GET c64 to one nginx replica (no proxy)"),
+                        ("direct_post_c64", "direct POST c64 to one nginx replica (no proxy)")):
+        d = data.get(("direct", scen, "rps"), {})
+        if d:
+            extra.append("%s: %s req/s" % (label, fmt_cell(d, "%.0f")))
+    d = data.get(("direct", "sse", "ttft_p50_ms"), {})
+    if d:
+        extra.append("direct SSE TTFT p50 (client -> SSE replica, no proxy): %s ms" % fmt_cell(d, "%.3f"))
+    for proxy in ("ingressd", "haproxy"):
+        cb = data.get((proxy, "router_c64", "core_busy"), {})
+        if cb:
+            extra.append("core 1 busy during router POST c64 with %s: %s %%" % (proxy, fmt_cell(cb, "%.0f")))
+    errs = []
+    for proxy in ("ingressd", "haproxy"):
+        for scen in ERROR_SCENARIOS + ["sse", "idle"]:
+            for metric in ("errors", "failed", "non200", "closed_in_sample"):
+                d = data.get((proxy, scen, metric), {})
+                tot = sum(d.values())
+                if tot:
+                    errs.append("%s %s %s=%d" % (proxy, scen, metric, tot))
+    extra.append("errors (non-2xx, socket errors, failed/closed idle conns): " + (", ".join(errs) if errs else "none"))
+    print()
+    print("\n".join(extra))
+
+    # goals
+    def m(proxy, scen, metric):
+        return med(data.get((proxy, scen, metric), {}))
+
+    def ratio(scen, metric):
+        rs = per_round_ratio(data.get(("ingressd", scen, metric), {}), data.get(("haproxy", scen, metric), {}))
+        return statistics.median(rs) if rs else None
+
+    goals = []
+
+    def goal(name, value, ok, shown):
+        if value is None:
+            goals.append("  [ -- ] %s: not measured" % name)
+        else:
+            goals.append("  [%s] %s: %s" % ("PASS" if ok else "FAIL", name, shown))
+
+    r = ratio("router_c64", "rps")
+    goal("(1a) router c64 req/s >= 4x HAProxy", r, r is not None and r >= 4, "%.2fx" % (r or 0))
+    r = ratio("router_c64", "cpu_us")
+    goal("(1b) router c64 CPU/req <= 1/4 of HAProxy", r, r is not None and r <= 0.25, "%.3fx" % (r or 0))
+    cl = [m("ingressd", s, "rps") for s in ("router_c16", "router_c64", "router_c256")]
+    if all(v is not None for v in cl):
+        worst = min(cl[1] / cl[0], cl[2] / max(cl[0], cl[1]))
+        goal("(1c) no cliff 16->256 conns (rps never drops >20% as conns grow)", worst, worst >= 0.8,
+             "c16 %.0f, c64 %.0f, c256 %.0f req/s (worst step %.2f)" % (cl[0], cl[1], cl[2], worst))
+    else:
+        goal("(1c) no cliff 16->256 conns", None, False, "")
+    r = ratio("plain_c64", "cpu_us")
+    goal("(2) plain c64 CPU/req <= HAProxy", r, r is not None and r <= 1.0, "%.3fx" % (r or 0))
+    add = m("ingressd", "sse", "added_p50_ms")
+    bat = sum(data.get(("ingressd", "sse", "batched"), {}).values())
+    goal("(3) SSE TTFT added <= 0.2 ms p50, no batching", add, add is not None and add <= 0.2 and bat == 0,
+         "%.3f ms added (haproxy %.3f), %d batched events" % (add or 0, m("haproxy", "sse", "added_p50_ms") or 0, bat))
+    r = ratio("idle", "bytes_per_conn")
+    goal("(4) idle conn RSS/conn <= HAProxy", r, r is not None and r <= 1.0,
+         "%.2fx (%.0f vs %.0f bytes)" % (r or 0, m("ingressd", "idle", "bytes_per_conn") or 0,
+                                        m("haproxy", "idle", "bytes_per_conn") or 0))
+    t1, t2 = m("ingressd", "router_c64", "rps"), m("ingressd", "router_c64_t2", "rps")
+    h1, h2 = m("haproxy", "router_c64", "rps"), m("haproxy", "router_c64_t2", "rps")
+    if t1 and t2:
+        goals.append("  [info] (5) scaling 1->2 threads, router c64 (2nd thread shares core 0 with wrk "
+                     "and the fakes): ingressd %.2fx, haproxy %s" % (t2 / t1, "%.2fx" % (h2 / h1) if h1 and h2 else "-"))
+    print()
+    print("goals (issue):")
+    print("\n".join(goals))
+
+    if a.quick:
+        r = ratio("router_c64", "rps")
+        e = sum(data.get(("ingressd", "router_c64", "errors"), {}).values())
+        n = sum(data.get(("ingressd", "router_c64", "requests"), {}).values()) or 1
+        print()
+        if r is None:
+            print("QUICK GATE: FAIL (router path not measured)")
+            return 1
+        if e / n > 0.001:
+            print("QUICK GATE: FAIL (ingressd router path errors: %d of %d requests)" % (e, n))
+            return 1
+        if r < a.gate_ratio:
+            print("QUICK GATE: FAIL (ingressd router req/s = %.2fx HAProxy's, need >= %.1fx)" % (r, a.gate_ratio))
+            return 1
+        print("QUICK GATE: PASS (ingressd router req/s = %.2fx HAProxy's, need >= %.1fx)" % (r, a.gate_ratio))
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("wrk")
+    w.add_argument("--file", required=True)
+    w.add_argument("--round", required=True)
+    w.add_argument("--proxy", required=True)
+    w.add_argument("--scenario", required=True)
+    w.add_argument("--cpu-ticks", type=float)
+    w.add_argument("--clk-tck", type=float, default=100.0)
+    w.add_argument("--core-busy", type=float)
+    j = sub.add_parser("json")
+    j.add_argument("--json", required=True)
+    j.add_argument("--round", required=True)
+    j.add_argument("--proxy", required=True)
+    j.add_argument("--scenario", required=True)
+    j.add_argument("--keys")
+    t = sub.add_parser("table")
+    t.add_argument("--results", required=True)
+    t.add_argument("--quick", action="store_true")
+    t.add_argument("--gate-ratio", type=float, default=2.0)
+    a = ap.parse_args()
+    if a.cmd == "wrk":
+        cmd_wrk(a)
+    elif a.cmd == "json":
+        cmd_json(a)
+    else:
+        sys.exit(cmd_table(a))
+
+
+if __name__ == "__main__":
+    main()

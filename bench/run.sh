@@ -1,0 +1,511 @@
+#!/usr/bin/env bash
+# ingressd vs HAProxy 2.6 + Lua (Ray Serve's router data plane, rebuilt from
+# /work/shared/spec/ray-serve-ingress.md), side by side on one topology, in one run.
+#
+#   bench/run.sh [--quick] [--rounds N] [--duration S] [--idle-conns N] [--ingressd PATH] [--keep]
+#
+# Layout (2 cores): core 1 = the proxy under test (ingressd --threads 1 / HAProxy nbthread 1),
+# core 0 = everything else (wrk, nginx fakes for replicas and routers, the Python SSE replica and
+# the Python clients). See bench/README.md for what is measured and how to read the noise.
+#
+# --quick: 1 round, plain GET + router POST at 64 connections, short runs (well under a minute
+# after the build); exits 1 when ingressd's router-path req/s is below 2x HAProxy's in this run
+# (or ingressd returned errors on that path).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+LIB=$HERE/lib
+
+QUICK=0
+ROUNDS=""
+DURATION=""
+IDLE_N=""
+KEEP=0
+INGRESSD=${INGRESSD:-$ROOT/build/release/ingressd}
+PORT_BASE=${BENCH_PORT_BASE:-18400}
+GATE_RATIO=${BENCH_GATE_RATIO:-2.0}
+
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+while (($#)); do
+  case $1 in
+    --quick) QUICK=1 ;;
+    --rounds) ROUNDS=$2; shift ;;
+    --duration) DURATION=$2; shift ;;
+    --idle-conns) IDLE_N=$2; shift ;;
+    --ingressd) INGRESSD=$2; shift ;;
+    --keep) KEEP=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+if ((QUICK)); then
+  ROUNDS=${ROUNDS:-1}; DURATION=${DURATION:-4}; WARMUP=1; IDLE_N=${IDLE_N:-2000}; TTFT_N=50
+  SCENARIOS=(plain_c64 router_c64); THREADS2=0
+else
+  ROUNDS=${ROUNDS:-3}; DURATION=${DURATION:-8}; WARMUP=2; IDLE_N=${IDLE_N:-10000}; TTFT_N=200
+  SCENARIOS=(plain_c64 router_c16 router_c64 router_c256); THREADS2=1
+fi
+[[ $ROUNDS =~ ^[1-9][0-9]*$ && $DURATION =~ ^[1-9][0-9]*$ && $IDLE_N =~ ^[1-9][0-9]*$ ]] ||
+  { echo "--rounds, --duration and --idle-conns take positive integers" >&2; exit 2; }
+
+log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# ------------------------------------------------------------------ dependencies
+need=(haproxy nginx wrk python3 iproute2 util-linux)
+missing=()
+for p in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  log "installing from Debian: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+haproxy -vv 2>/dev/null | grep -q 'Built with Lua' || { echo "this haproxy has no Lua support" >&2; exit 1; }
+
+if [ ! -x "$INGRESSD" ]; then
+  log "building ingressd (release)"
+  command -v cmake >/dev/null && command -v ninja >/dev/null || "$ROOT/scripts/deps.sh"
+  (cd "$ROOT" && cmake --preset release >/dev/null && cmake --build --preset release --target ingressd)
+  INGRESSD=$ROOT/build/release/ingressd
+fi
+
+# ------------------------------------------------------------------ machine
+NCPU=$(nproc)
+if ((NCPU >= 2)); then LOAD_CORE=0; PROXY_CORE=1; BOTH_CORES=0,1
+else LOAD_CORE=0; PROXY_CORE=0; BOTH_CORES=0; THREADS2=0
+  log "WARNING: 1 CPU: proxy and load share the core, numbers are not meaningful"; fi
+CLK_TCK=$(getconf CLK_TCK)
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n)
+if ((IDLE_N + 2000 > NOFILE)); then
+  log "WARNING: ulimit -n is $NOFILE; idle connection test reduced from $IDLE_N to $((NOFILE - 2000))"
+  IDLE_N=$((NOFILE - 2000))
+fi
+
+# ------------------------------------------------------------------ ports and temp dir
+P_ING=$((PORT_BASE + 0)); P_ING_ADMIN=$((PORT_BASE + 1)); P_HAP=$((PORT_BASE + 2))
+P_ING2=$((PORT_BASE + 4)); P_ING2_ADMIN=$((PORT_BASE + 5)); P_HAP2=$((PORT_BASE + 6))
+REPLICA_PORTS=($((PORT_BASE + 10)) $((PORT_BASE + 11)) $((PORT_BASE + 12)) $((PORT_BASE + 13)))
+ROUTER_PORTS=($((PORT_BASE + 20)) $((PORT_BASE + 21)))
+P_SSE=$((PORT_BASE + 30)); P_SSE_ROUTER=$((PORT_BASE + 31))
+REPLICA_NAMES=(r1 r2 r3 r4)
+NODE_IP=127.0.0.2          # this node's "Ray node IP": routers live here (co-located)
+
+for p in $P_ING $P_ING_ADMIN $P_HAP $P_ING2 $P_ING2_ADMIN $P_HAP2 "${REPLICA_PORTS[@]}" \
+         "${ROUTER_PORTS[@]}" $P_SSE $P_SSE_ROUTER; do
+  if [ -n "$(ss -Htln "sport = :$p")" ]; then
+    echo "port $p is in use; set BENCH_PORT_BASE to a free range" >&2; exit 1
+  fi
+done
+
+TMP=$(mktemp -d /tmp/ingressd-bench.XXXXXX)
+RESULTS=$TMP/results.tsv
+: >"$RESULTS"
+PIDS=()
+cleanup() {
+  local rc=$?
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    local alive=0
+    for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 0.2
+  done
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+LAST_PID=""
+start_bg() { # name core cmd...
+  local name=$1 core=$2; shift 2
+  taskset -c "$core" "$@" >>"$TMP/$name.log" 2>&1 &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+stop_pid() {
+  local pid=$1
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  local keep=()
+  for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+  PIDS=("${keep[@]}")
+}
+
+# ------------------------------------------------------------------ fakes: nginx replicas + routers
+mkdir -p "$TMP/nginx-tmp"
+{
+  cat <<EOF
+master_process off;
+daemon off;
+worker_rlimit_nofile $NOFILE;
+pid $TMP/nginx.pid;
+error_log $TMP/nginx-error.log warn;
+events { worker_connections $((NOFILE - 100)); use epoll; multi_accept on; }
+http {
+  access_log off;
+  server_tokens off;
+  default_type text/plain;
+  tcp_nodelay on;
+  keepalive_timeout 75s;
+  keepalive_requests 100000000;
+  client_body_temp_path $TMP/nginx-tmp/body;
+  proxy_temp_path $TMP/nginx-tmp/proxy;
+  fastcgi_temp_path $TMP/nginx-tmp/fastcgi;
+  uwsgi_temp_path $TMP/nginx-tmp/uwsgi;
+  scgi_temp_path $TMP/nginx-tmp/scgi;
+  # A router picks one of the four replicas at random (LLMRouter's load-balanced pick).
+  split_clients "\${request_id}" \$pick { 25% r1; 25% r2; 25% r3; * r4; }
+  map \$pick \$pick_port {
+EOF
+  for i in 0 1 2 3; do echo "    ${REPLICA_NAMES[$i]} ${REPLICA_PORTS[$i]};"; done
+  echo "  }"
+  for i in 0 1 2 3; do
+    cat <<EOF
+  server {   # data-plane replica SERVE_REPLICA::llm#LLMServer#${REPLICA_NAMES[$i]} (64-byte body)
+    listen 127.0.0.1:${REPLICA_PORTS[$i]} backlog=4096;
+    location = /-/healthz { return 200 "success"; }
+    location / { default_type application/json; return 200 '{"id":"cmpl-bench","object":"chat.completion","replica":"${REPLICA_NAMES[$i]}"}\n'; }
+  }
+EOF
+  done
+  for p in "${ROUTER_PORTS[@]}"; do
+    cat <<EOF
+  server {   # ingress request router of app llm (LLMRouter reply shape)
+    listen $NODE_IP:$p backlog=4096;
+    location = /internal/route {
+      default_type application/json;
+      return 200 '{"host":"127.0.0.1","port":\$pick_port,"replica_id":"SERVE_REPLICA::llm#LLMServer#\$pick"}';
+    }
+    location = /health { default_type application/json; return 200 '{"status":"ok"}'; }
+  }
+EOF
+  done
+  cat <<EOF
+  server {   # ingress request router of app stream: its only replica is the Python SSE server
+    listen $NODE_IP:$P_SSE_ROUTER backlog=4096;
+    location = /internal/route {
+      default_type application/json;
+      return 200 '{"host":"127.0.0.1","port":$P_SSE,"replica_id":"SERVE_REPLICA::stream#LLMServer#s1"}';
+    }
+  }
+}
+EOF
+} >"$TMP/nginx.conf"
+
+# ------------------------------------------------------------------ topology (Ray JSON) for ingressd
+python3 - "$TMP/topology.json" "$NODE_IP" "$P_SSE" "$P_SSE_ROUTER" \
+  "${REPLICA_PORTS[*]}" "${ROUTER_PORTS[*]}" "${REPLICA_NAMES[*]}" <<'EOF'
+import json, sys
+out, node_ip, p_sse, p_sse_router, rports, qports, names = sys.argv[1:]
+t = lambda ip, port, name: {"ip": ip, "port": int(port), "instance_id": "bench-node", "name": name}
+doc = {"target_groups": [
+    {"app_name": "llm", "route_prefix": "/", "protocol": "HTTP",
+     "ingress_deployment_name": "LLMServer",
+     "targets": [t("127.0.0.1", p, "SERVE_REPLICA::llm#LLMServer#" + n)
+                 for p, n in zip(rports.split(), names.split())],
+     "ingress_request_router_targets": [t(node_ip, p, "SERVE_REPLICA::llm#LLMRouter#q%d" % (i + 1))
+                                        for i, p in enumerate(qports.split())]},
+    {"app_name": "stream", "route_prefix": "/stream", "protocol": "HTTP",
+     "ingress_deployment_name": "LLMServer",
+     "targets": [t("127.0.0.1", p_sse, "SERVE_REPLICA::stream#LLMServer#s1")],
+     "ingress_request_router_targets": [t(node_ip, p_sse_router, "SERVE_REPLICA::stream#LLMRouter#q1")]},
+]}
+json.dump(doc, open(out, "w"), indent=1)
+EOF
+
+cat >"$TMP/ingressd.yaml" <<EOF
+# benchmark settings: no access log, quick stop, keep-alive as long as HAProxy's
+log_level: warn
+access_log: "off"
+client:
+  keepalive_timeout: 75s
+drain:
+  min_period: 0s
+  timeout: 0s
+EOF
+
+# ------------------------------------------------------------------ HAProxy + Lua (Ray's rendering)
+safe_name() { # get_safe_name(): '#'->'-', '/'->'.', runs of other chars outside [A-Za-z0-9._-] -> '_'
+  python3 -c 'import re,sys; print(re.sub(r"[^A-Za-z0-9._-]+", "_", sys.argv[1].replace("#", "-").replace("/", ".")))' "$1"
+}
+{
+  echo "-- generated by bench/run.sh: the tables HAProxyManager renders into the Ray Lua template"
+  echo "IRR_TIMEOUT_S = 5"
+  echo "IRR_FORWARD_BODY = false"
+  echo 'IRR_SESSION_HEADER = "x-session-id"'
+  echo "IRR_ROUTERS = {"
+  echo "  [\"http-llm\"] = {"
+  for p in $(printf '%s\n' "${ROUTER_PORTS[@]}" | sort -n); do
+    echo "    { host = \"$NODE_IP\", port = $p, host_header = \"$NODE_IP:$p\" },"
+  done
+  echo "  },"
+  echo "  [\"http-stream\"] = { { host = \"$NODE_IP\", port = $P_SSE_ROUTER, host_header = \"$NODE_IP:$P_SSE_ROUTER\" } },"
+  echo "}"
+  echo "IRR_REPLICA_TARGETS = {"
+  echo "  [\"http-llm\"] = {"
+  for n in "${REPLICA_NAMES[@]}"; do
+    echo "    [\"SERVE_REPLICA::llm#LLMServer#$n\"] = \"$(safe_name "SERVE_REPLICA::llm#LLMServer#$n")\","
+  done
+  echo "  },"
+  echo "  [\"http-stream\"] = { [\"SERVE_REPLICA::stream#LLMServer#s1\"] = \"$(safe_name "SERVE_REPLICA::stream#LLMServer#s1")\" },"
+  echo "}"
+} >"$TMP/irr_tables.lua"
+cp "$HERE/haproxy/ingress_request_router.lua" "$TMP/ingress_request_router.lua"
+
+haproxy_cfg() { # port nbthread > file
+  local port=$1 nbthread=$2
+  cat <<EOF
+# generated by bench/run.sh after Ray Serve's haproxy_templates.py (TPL-pool / TPL-b),
+# see /work/shared/spec/ray-serve-ingress.md §1, §2.2, §2.3, §5
+global
+  nbthread $nbthread
+  maxconn $((IDLE_N + 500))
+  tune.bufsize 16384
+  lua-load-per-thread $TMP/irr_tables.lua
+  lua-load-per-thread $TMP/ingress_request_router.lua
+
+defaults
+  mode http
+  balance leastconn
+  option redispatch 1
+  retry-on conn-failure
+  option http-no-delay
+  http-reuse always
+  # the same header changes ingressd makes (X-Forwarded-For/-Proto, one X-Request-Id on both legs)
+  option forwardfor
+  timeout connect 2s
+  timeout client 3600s
+  timeout server 300s
+  timeout http-request 10s
+  timeout http-keep-alive 75s
+  unique-id-format %{+X}o%ci%cp%fp%Ts%rt%pid
+
+frontend http_frontend
+  bind 127.0.0.1:$port
+  http-request return status 200 content-type text/plain string success if { path /-/healthz } { nbsrv(http-llm) ge 1 }
+  http-request return status 503 content-type text/plain string "Service Unavailable" if { path /-/healthz }
+  http-request set-header X-Forwarded-Proto http
+  http-request set-header X-Request-Id %[unique-id] unless { req.hdr(x-request-id) -m found }
+  # apps, longest route prefix first
+  acl is_http-stream path /stream or path_beg /stream/
+  acl is_http-llm path_beg /
+  http-request set-var(txn.ingress_request_router_app) str(http-stream) if is_http-stream !{ var(txn.ingress_request_router_app) -m found }
+  http-request set-var(txn.ingress_request_router_app) str(http-llm) if is_http-llm !{ var(txn.ingress_request_router_app) -m found }
+  http-request lua.route_via_ingress_request_router if METH_POST { var(txn.ingress_request_router_app) -m found }
+  http-request return status 503 content-type text/plain lf-string "Ingress request router failed: %[var(txn.ingress_request_router_failed)]" hdr X-Serve-Reason "%[var(txn.ingress_request_router_failed)]" if { var(txn.ingress_request_router_failed) -m found }
+  use_backend http-stream-via-ingress-request-router if is_http-stream { var(txn.via_ingress_request_router) -m bool }
+  use_backend http-stream if is_http-stream
+  use_backend http-llm-via-ingress-request-router if is_http-llm { var(txn.via_ingress_request_router) -m bool }
+  use_backend http-llm if is_http-llm
+
+EOF
+  local app
+  for app in llm stream; do
+    local servers=() ports=()
+    if [ $app = llm ]; then
+      for i in 0 1 2 3; do servers+=("$(safe_name "SERVE_REPLICA::llm#LLMServer#${REPLICA_NAMES[$i]}")"); ports+=("${REPLICA_PORTS[$i]}"); done
+    else
+      servers+=("$(safe_name "SERVE_REPLICA::stream#LLMServer#s1")"); ports+=("$P_SSE")
+    fi
+    echo "backend http-$app"
+    echo "  option httpchk GET /-/healthz"
+    echo "  http-check expect status 200"
+    echo "  default-server inter 5s fastinter 250ms downinter 250ms fall 2 rise 2"
+    for i in "${!servers[@]}"; do echo "  server ${servers[$i]} 127.0.0.1:${ports[$i]} check"; done
+    echo
+    echo "backend http-$app-via-ingress-request-router"
+    for s in "${servers[@]}"; do
+      echo "  use-server $s if { var(txn.ingress_request_router_target) -m str $s }"
+    done
+    for i in "${!servers[@]}"; do echo "  server ${servers[$i]} 127.0.0.1:${ports[$i]} track http-$app/${servers[$i]}"; done
+    echo
+  done
+}
+haproxy_cfg $P_HAP 1 >"$TMP/haproxy.cfg"
+haproxy_cfg $P_HAP2 2 >"$TMP/haproxy2.cfg"
+haproxy -c -q -f "$TMP/haproxy.cfg" >"$TMP/haproxy-check.log" 2>&1 ||
+  { cat "$TMP/haproxy-check.log" >&2; exit 1; }
+
+cat >"$TMP/post.lua" <<'EOF'
+wrk.method = "POST"
+wrk.body = '{"model":"llm","stream":false,"max_tokens":16,"messages":[{"role":"user","content":"Say hello."}]}'
+wrk.headers["Content-Type"] = "application/json"
+EOF
+
+# ------------------------------------------------------------------ helpers
+# probe HOST PORT: until the router path (POST) and the plain path (GET) both answer 200
+probe() {
+  python3 - "$1" "$2" <<'EOF'
+import http.client, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+deadline, last = time.time() + 15, ""
+while time.time() < deadline:
+    try:
+        ok = True
+        for method, path, body in (("GET", "/v1/models", None),
+                                   ("POST", "/v1/chat/completions", b'{"model":"llm"}'),
+                                   ("POST", "/stream/v1/chat/completions", b'{"model":"llm"}')):
+            c = http.client.HTTPConnection(host, port, timeout=3)
+            c.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            r = c.getresponse(); data = r.read(); c.close()
+            if r.status != 200:
+                ok, last = False, "%s %s -> %d %s %s" % (method, path, r.status,
+                                                         r.getheader("X-Serve-Reason"), data[:120])
+                break
+        if ok:
+            sys.exit(0)
+    except OSError as e:
+        last = repr(e)
+    time.sleep(0.2)
+print("not ready on %s:%d: %s" % (host, port, last), file=sys.stderr)
+sys.exit(1)
+EOF
+}
+wait_port() { # host port
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "nothing listening on $1:$2" >&2; return 1
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+core_sample() { awk -v c="cpu$PROXY_CORE" '$1 == c {b = 0; for (i = 2; i <= NF; i++) b += $i; print b - $5 - $6, b}' /proc/stat; }
+conns_to() { # established connections towards a port range (the proxy's upstream side)
+  ss -Htn state established "( dport >= :$1 and dport <= :$2 )" 2>/dev/null | wc -l
+}
+
+ING_PID=""; HAP_PID=""
+start_proxies() { # threads
+  local threads=$1 core=$PROXY_CORE lp=$P_ING ap=$P_ING_ADMIN hp=$P_HAP cfg=$TMP/haproxy.cfg
+  if ((threads == 2)); then core=$BOTH_CORES; lp=$P_ING2; ap=$P_ING2_ADMIN; hp=$P_HAP2; cfg=$TMP/haproxy2.cfg; fi
+  start_bg ingressd "$core" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads "$threads" \
+    --listen "127.0.0.1:$lp" --admin-listen "127.0.0.1:$ap" --node-ip "$NODE_IP" \
+    --topology-file "$TMP/topology.json"
+  ING_PID=$LAST_PID
+  start_bg haproxy "$core" haproxy -db -f "$cfg"
+  HAP_PID=$LAST_PID
+  ING_PORT=$lp; HAP_PORT=$hp
+  wait_port 127.0.0.1 "$lp" && wait_port 127.0.0.1 "$hp"
+  probe 127.0.0.1 "$lp" || { tail -20 "$TMP/ingressd.log" >&2; exit 1; }
+  probe 127.0.0.1 "$hp" || { tail -20 "$TMP/haproxy.log" >&2; exit 1; }
+}
+stop_proxies() {
+  for pid in "$ING_PID" "$HAP_PID"; do
+    kill -0 "$pid" 2>/dev/null || { log "ERROR: proxy pid $pid died during the run (see logs)"; }
+    stop_pid "$pid"
+  done
+}
+proxy_pid() { if [ "$1" = ingressd ]; then echo "$ING_PID"; else echo "$HAP_PID"; fi; }
+proxy_port() { if [ "$1" = ingressd ]; then echo "$ING_PORT"; else echo "$HAP_PORT"; fi; }
+
+# run_wrk ROUND PROXY PORT PID SCENARIO CONNS GET|POST
+run_wrk() {
+  local round=$1 proxy=$2 port=$3 pid=$4 scen=$5 conns=$6 kind=$7
+  local url="http://127.0.0.1:$port/v1/models" script=()
+  if [ "$kind" = POST ]; then url="http://127.0.0.1:$port/v1/chat/completions"; script=(-s "$TMP/post.lua"); fi
+  local out=$TMP/wrk-$round-$proxy-$scen.txt
+  taskset -c $LOAD_CORE wrk -t1 -c"$conns" -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
+  local c0="" c1="" s0 s1
+  [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
+  s0=$(core_sample)
+  # mid-run: how many upstream connections the proxy holds (pooled = flat and small)
+  (sleep "$(awk -v d="$DURATION" 'BEGIN{print d/2}')"
+   echo "$(conns_to "${REPLICA_PORTS[0]}" "${REPLICA_PORTS[3]}") $(conns_to "${ROUTER_PORTS[0]}" "${ROUTER_PORTS[1]}")" \
+     >"$out.conns") &
+  local sampler=$!
+  taskset -c $LOAD_CORE wrk -t1 -c"$conns" -d"${DURATION}s" --latency "${script[@]}" "$url" >"$out" 2>&1 || true
+  wait "$sampler" 2>/dev/null || true
+  s1=$(core_sample)
+  local busy
+  busy=$(awk -v a="$s0" -v b="$s1" 'BEGIN{split(a,x," "); split(b,y," "); d=y[2]-x[2]; print (d>0 ? 100*(y[1]-x[1])/d : 0)}')
+  local args=(--file "$out" --round "$round" --proxy "$proxy" --scenario "$scen" --core-busy "$busy")
+  if [ -n "$pid" ]; then c1=$(cpu_ticks "$pid"); args+=(--cpu-ticks $((c1 - c0)) --clk-tck "$CLK_TCK"); fi
+  python3 "$LIB/report.py" wrk "${args[@]}" | tee -a "$RESULTS" >"$out.rows"
+  if [ -s "$out.conns" ]; then
+    read -r up rt <"$out.conns"
+    printf '%s\t%s\t%s\tup_conns\t%s\n%s\t%s\t%s\trouter_conns\t%s\n' \
+      "$round" "$proxy" "$scen" "$up" "$round" "$proxy" "$scen" "$rt" >>"$RESULTS"
+  fi
+  log "[r$round] $scen $proxy: $(awk -F'\t' '{printf "%s=%s ", $4, $5}' "$out.rows")conns(replica/router)=$(cat "$out.conns" 2>/dev/null)"
+}
+
+run_idle() { # round proxy
+  local round=$1 proxy=$2 port pid json
+  port=$(proxy_port "$proxy"); pid=$(proxy_pid "$proxy")
+  json=$(taskset -c $LOAD_CORE python3 "$LIB/idle_conns.py" --port "$port" --pid "$pid" --n "$IDLE_N") || true
+  log "[r$round] idle $proxy: $json"
+  [ -n "$json" ] && python3 "$LIB/report.py" json --json "$json" --round "$round" --proxy "$proxy" \
+    --scenario idle --keys bytes_per_conn,failed,non200,closed_in_sample >>"$RESULTS"
+}
+
+run_ttft() { # round proxy|direct
+  local round=$1 proxy=$2 port json
+  if [ "$proxy" = direct ]; then port=$P_SSE; else port=$(proxy_port "$proxy"); fi
+  json=$(taskset -c $LOAD_CORE python3 "$LIB/ttft.py" --port "$port" --n "$TTFT_N") || true
+  log "[r$round] sse $proxy: $json"
+  [ -n "$json" ] && python3 "$LIB/report.py" json --json "$json" --round "$round" --proxy "$proxy" \
+    --scenario sse --keys ttft_p50_ms,ttft_p99_ms,lag_p50_ms,batched,errors >>"$RESULTS"
+}
+
+# ------------------------------------------------------------------ run
+T_START=$(date +%s)
+log "temp dir $TMP; ingressd $INGRESSD; $(haproxy -v | head -1)"
+log "cores: proxy on $PROXY_CORE, wrk + fakes + clients on $LOAD_CORE; rounds=$ROUNDS duration=${DURATION}s idle_conns=$IDLE_N"
+log "other load on this machine right now (loadavg): $(cut -d' ' -f1-3 /proc/loadavg)"
+start_bg nginx $LOAD_CORE nginx -p "$TMP" -c "$TMP/nginx.conf"
+start_bg sse_server $LOAD_CORE python3 "$LIB/sse_server.py" --port "$P_SSE" --events 3 --interval-ms 5
+wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port $NODE_IP "${ROUTER_PORTS[0]}"; wait_port 127.0.0.1 "$P_SSE"
+
+# direct baselines: generator + upstream capacity on core 0 (must be well above the proxies' rates)
+run_wrk 0 direct "${REPLICA_PORTS[0]}" "" direct_get_c64 64 GET
+run_wrk 0 direct "${REPLICA_PORTS[0]}" "" direct_post_c64 64 POST
+
+for ((r = 1; r <= ROUNDS; r++)); do
+  if ((r % 2)); then ORDER=(ingressd haproxy); else ORDER=(haproxy ingressd); fi
+  start_proxies 1
+  for p in "${ORDER[@]}"; do   # warm both paths once, then measure idle memory on a warm process
+    taskset -c $LOAD_CORE wrk -t1 -c64 -d1s "http://127.0.0.1:$(proxy_port "$p")/v1/models" >/dev/null 2>&1 || true
+    taskset -c $LOAD_CORE wrk -t1 -c64 -d1s -s "$TMP/post.lua" "http://127.0.0.1:$(proxy_port "$p")/v1/chat/completions" >/dev/null 2>&1 || true
+  done
+  for p in "${ORDER[@]}"; do run_idle "$r" "$p"; done
+  run_ttft "$r" direct
+  for p in "${ORDER[@]}"; do run_ttft "$r" "$p"; done
+  for scen in "${SCENARIOS[@]}"; do
+    conns=${scen##*_c}; kind=POST; [[ $scen == plain_* ]] && kind=GET
+    for p in "${ORDER[@]}"; do
+      run_wrk "$r" "$p" "$(proxy_port "$p")" "$(proxy_pid "$p")" "$scen" "$conns" "$kind"
+    done
+  done
+  stop_proxies
+  if ((THREADS2)); then
+    start_proxies 2
+    for p in "${ORDER[@]}"; do
+      run_wrk "$r" "$p" "$(proxy_port "$p")" "$(proxy_pid "$p")" router_c64_t2 64 POST
+    done
+    stop_proxies
+  fi
+done
+
+echo
+echo "ingressd --threads 1 vs HAProxy $(haproxy -v | head -1 | awk '{print $3}') nbthread 1 + Lua (Ray router data plane)," \
+     "proxy on core $PROXY_CORE, load + fakes on core $LOAD_CORE; $ROUNDS round(s) x ${DURATION}s; idle test N=$IDLE_N;" \
+     "loadavg at end $(cut -d' ' -f1-3 /proc/loadavg); wall time $(( $(date +%s) - T_START ))s"
+echo
+gate=()
+((QUICK)) && gate=(--quick --gate-ratio "$GATE_RATIO")
+set +e
+python3 "$LIB/report.py" table --results "$RESULTS" "${gate[@]}"
+rc=$?
+set -e
+cp "$RESULTS" "${BENCH_RESULTS_OUT:-/dev/null}" 2>/dev/null || true
+exit $rc
