@@ -115,6 +115,11 @@ std::string admin_server::topology_json() const {
   j["node_ip"] = snap->node_ip;
   j["generation"] = snap->generation;
   j["last_update"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(snap->updated)));
+  j["source"] = snap->source;
+  j["topology_updates"] = h_.shared ? h_.shared->topology_updates.load() : 0;
+  j["topology_errors"] = h_.shared ? h_.shared->topology_errors.load() : 0;
+  std::unordered_map<std::string, std::pair<bool, std::uint32_t>> state;
+  if (h_.replica_state) state = h_.replica_state();
   auto& apps = j["apps"] = nlohmann::json::array();
   for (const auto& a : snap->apps) {
     nlohmann::json app;
@@ -125,8 +130,13 @@ std::string admin_server::topology_json() const {
     for (const auto& r : a.router_pool)
       pool.push_back({{"address", r.key}, {"name", r.name}, {"colocated", r.colocated}});
     auto& reps = app["replicas"] = nlohmann::json::array();
-    for (const auto& r : a.replicas)
-      reps.push_back({{"address", r.key}, {"name", r.name}, {"colocated", r.colocated}});
+    for (const auto& r : a.replicas) {
+      auto it = state.find(r.key);
+      bool up = it == state.end() || it->second.first;
+      std::uint32_t in_flight = it == state.end() ? 0 : it->second.second;
+      reps.push_back({{"address", r.key}, {"name", r.name}, {"colocated", r.colocated},
+                      {"health", up ? "up" : "down"}, {"in_flight", in_flight}});
+    }
     apps.push_back(std::move(app));
   }
   if (snap->fallback) j["fallback"] = {{"address", snap->fallback->key}, {"name", snap->fallback->name}};

@@ -3,6 +3,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ingressd/core/asio.hpp"
@@ -19,6 +21,9 @@ class admin_server {
     std::function<std::shared_ptr<const topology::snapshot>()> topology;
     std::function<std::vector<const worker*>()> workers;
     shared_state* shared = nullptr;
+    /// Per replica key: whether health checks have it up, and its in-flight requests summed
+    /// over the workers (asked of each worker on its own thread).
+    std::function<std::unordered_map<std::string, std::pair<bool, std::uint32_t>>()> replica_state;
   };
   /// Binds at once (throws std::system_error on failure).
   admin_server(asio::io_context& ioc, const tcp::endpoint& ep, handlers h);

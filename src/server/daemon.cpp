@@ -40,6 +40,7 @@ struct daemon::impl {
   std::unique_ptr<admin_server> admin;
   mutable std::mutex snap_mu;
   std::shared_ptr<const topology::snapshot> snap;
+  down_set down;  // under snap_mu
   std::uint16_t port = 0;
   std::mutex stop_mu;
   bool stopped = false;
@@ -114,7 +115,8 @@ void daemon::start() {
         for (auto& w : impl_->workers) ws.push_back(w.get());
         return ws;
       },
-      &d.shared});
+      &d.shared,
+      [this] { return replica_state(); }});
   d.control_guard.emplace(d.control.get_executor());
   d.drain_timer.emplace(d.control);
   d.admin->start();
@@ -123,12 +125,45 @@ void daemon::start() {
 }
 
 void daemon::set_topology(std::shared_ptr<const topology::snapshot> snap) {
+  std::shared_ptr<const down_set> down;
   {
     std::lock_guard lk(impl_->snap_mu);
     impl_->snap = snap;
+    down = std::make_shared<const down_set>(impl_->down);
   }
-  for (auto& w : impl_->workers) asio::post(w->ioc(), [w = w.get(), snap] { w->apply(snap); });
+  impl_->shared.topology_updates.fetch_add(1, std::memory_order_relaxed);
+  for (auto& w : impl_->workers) asio::post(w->ioc(), [w = w.get(), snap, down] { w->apply(snap, down); });
 }
+
+void daemon::set_replica_health(const std::string& key, bool up) {
+  {
+    std::lock_guard lk(impl_->snap_mu);
+    if (up) impl_->down.erase(key);
+    else impl_->down.insert(key);
+  }
+  for (auto& w : impl_->workers) asio::post(w->ioc(), [w = w.get(), key, up] { w->set_health(key, up); });
+}
+
+std::unordered_map<std::string, std::pair<bool, std::uint32_t>> daemon::replica_state() const {
+  std::unordered_map<std::string, std::pair<bool, std::uint32_t>> out;
+  std::vector<std::future<std::unordered_map<std::string, std::uint32_t>>> parts;
+  for (auto& w : impl_->workers) {
+    auto p = std::make_shared<std::promise<std::unordered_map<std::string, std::uint32_t>>>();
+    parts.push_back(p->get_future());
+    asio::post(w->ioc(), [p, w = w.get()] { p->set_value(w->in_flight_report()); });
+  }
+  for (auto& f : parts) {
+    // A worker that has already stopped does not answer; the dump then omits its share.
+    if (f.wait_for(std::chrono::seconds(1)) != std::future_status::ready) continue;
+    for (auto& [k, n] : f.get()) out[k].second += n;
+  }
+  std::lock_guard lk(impl_->snap_mu);
+  for (auto& [k, v] : out) v.first = !impl_->down.contains(k);
+  for (const auto& k : impl_->down) out[k].first = false;
+  return out;
+}
+
+void daemon::count_topology_error() { impl_->shared.topology_errors.fetch_add(1, std::memory_order_relaxed); }
 
 std::shared_ptr<const topology::snapshot> daemon::current_topology() const {
   std::lock_guard lk(impl_->snap_mu);

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <unordered_set>
 
-#include <boost/asio/ip/udp.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <fmt/format.h>
@@ -17,6 +17,8 @@
 #include "ingressd/config/config.hpp"
 #include "ingressd/core/asio.hpp"
 #include "ingressd/demo/cluster.hpp"
+#include "ingressd/health/checker.hpp"
+#include "ingressd/topology/source.hpp"
 #include "ingressd/server/daemon.hpp"
 #include "ingressd/topology/snapshot.hpp"
 #include "ingressd/topology/topology.hpp"
@@ -30,15 +32,6 @@ struct node_ip_choice {
   std::string how;
 };
 
-/// The host part of an http:// URL ("http://10.0.0.1:8265/x" -> "10.0.0.1").
-std::string url_host(const std::string& url) {
-  std::string_view s = url;
-  if (auto p = s.find("://"); p != std::string_view::npos) s.remove_prefix(p + 3);
-  s = s.substr(0, s.find('/'));
-  if (!s.empty() && s.front() == '[') return std::string(s.substr(1, s.find(']') - 1));
-  return std::string(s.substr(0, s.find(':')));
-}
-
 /// Contract §3.3: flag/config, then RAY_NODE_IP_ADDRESS, then the source address the kernel picks
 /// to reach the topology source's host (127.0.0.1 for a file source).
 node_ip_choice resolve_node_ip(const config::config& cfg) {
@@ -46,19 +39,15 @@ node_ip_choice resolve_node_ip(const config::config& cfg) {
   if (const char* env = std::getenv("RAY_NODE_IP_ADDRESS"); env && *env) return {env, "RAY_NODE_IP_ADDRESS"};
   std::string url = !cfg.topology.ray_dashboard.empty() ? cfg.topology.ray_dashboard : cfg.topology.url;
   if (!url.empty()) {
-    // A connected UDP socket sends nothing; it only asks the kernel which source address it would use.
-    error_code ec;
-    asio::io_context ioc;
-    asio::ip::udp::socket s(ioc);
-    auto addr = asio::ip::make_address(url_host(url), ec);
-    if (!ec) {
-      s.open(addr.is_v4() ? asio::ip::udp::v4() : asio::ip::udp::v6(), ec);
-      if (!ec) s.connect({addr, 9}, ec);
-      if (!ec) {
-        auto local = s.local_endpoint(ec);
-        if (!ec) return {local.address().to_string(), "source address towards " + url_host(url)};
+    if (auto u = topology::parse_http_url(url)) {
+      if (auto ip = topology::local_address_towards(u->host, u->port)) {
+        if (ip->starts_with("127.") || *ip == "::1")
+          spdlog::warn("node ip {} is a loopback address: no target will count as co-located unless the "
+                       "topology lists loopback ips; set --node-ip or RAY_NODE_IP_ADDRESS", *ip);
+        return {*ip, "source address towards " + u->host};
       }
     }
+    return {"127.0.0.1", "default: the topology source's host could not be resolved"};
   }
   return {"127.0.0.1", "default for a file source"};
 }
@@ -81,25 +70,6 @@ spdlog::level::level_enum to_spdlog(config::log_level l) {
   }
   return spdlog::level::info;
 }
-
-/// Watches a topology file by polling its identity (inode, size, mtime): catches in-place writes
-/// and rename-into-place alike, within the poll period.
-class file_watch {
- public:
-  explicit file_watch(std::string path) : path_(std::move(path)) { changed(); }
-  bool changed() {
-    struct stat st {};
-    if (::stat(path_.c_str(), &st) != 0) return false;
-    auto id = std::make_tuple(st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
-    if (id == last_) return false;
-    last_ = id;
-    return true;
-  }
-
- private:
-  std::string path_;
-  std::tuple<ino_t, off_t, time_t, long> last_{};
-};
 
 }  // namespace
 
@@ -184,15 +154,50 @@ int run(int argc, const char* const* argv) {
                INGRESSD_VERSION, cfg->listen.to_string(), cfg->admin_listen.to_string(),
                cfg->effective_threads(), node.ip, node.how, source);
 
+  asio::io_context main_ioc(1);
+
+  // Replica health checks, once per daemon (contract health.*): routers are not checked (Ray's
+  // HAProxy does not either); the failover memory covers them.
+  health::checker checker(main_ioc, cfg->health, [&d](const std::string& key, bool up) {
+    d.set_replica_health(key, up);
+  });
+
   std::uint64_t generation = 0;
   auto publish = [&](topology::document next) {
     for (const auto& w : next.warnings) spdlog::warn("topology: {}", w);
-    auto snap = topology::make_snapshot(std::move(next), node.ip, cfg->topology.local_dial_host, ++generation);
+    auto snap = topology::make_snapshot(std::move(next), node.ip, cfg->topology.local_dial_host, ++generation,
+                                        source);
     spdlog::info("topology: {} apps, {} routers, {} replicas (generation {})", snap->apps.size(),
                  snap->router_count(), snap->replica_count(), snap->generation);
+    std::vector<health::target_ref> targets;
+    std::unordered_set<std::string> seen;
+    for (const auto& a : snap->apps)
+      for (const auto& r : a.replicas)
+        if (seen.insert(r.key).second) targets.push_back({r.key, r.dial});
+    if (snap->fallback && seen.insert(snap->fallback->key).second)
+      targets.push_back({snap->fallback->key, snap->fallback->dial});
+    checker.set_targets(std::move(targets));
     d.set_topology(std::move(snap));
   };
   if (!cfg->topology.file.empty() || cl.demo) publish(doc);
+
+  topology::source_callbacks callbacks{
+      [&](topology::document next) { publish(std::move(next)); },
+      [&](std::string error) {
+        spdlog::error("topology rejected, keeping the last good one: {}", error);
+        d.count_topology_error();
+      }};
+  std::unique_ptr<topology::source> topo_source;
+  if (!cfg->topology.file.empty())
+    topo_source = topology::make_file_source(main_ioc, cfg->topology.file, callbacks, doc);
+  else if (!cfg->topology.ray_dashboard.empty())
+    topo_source = topology::make_dashboard_source(main_ioc, cfg->topology.ray_dashboard,
+                                                  cfg->topology.poll_interval, cfg->topology.timeout, callbacks);
+  else if (!cfg->topology.url.empty())
+    topo_source = topology::make_http_source(main_ioc, cfg->topology.url, cfg->topology.poll_interval,
+                                             cfg->topology.timeout, callbacks);
+  if (topo_source) topo_source->start();
+
   if (cl.demo) {
     auto base = fmt::format("http://127.0.0.1:{}", d.port());
     auto admin = fmt::format("http://127.0.0.1:{}", d.admin_port());
@@ -214,7 +219,6 @@ int run(int argc, const char* const* argv) {
     std::fflush(stdout);
   }
 
-  asio::io_context main_ioc(1);
   asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
   std::function<void()> wait_signal = [&] {
     signals.async_wait([&](error_code ec, int sig) {
@@ -230,41 +234,17 @@ int run(int argc, const char* const* argv) {
   };
   wait_signal();
 
-  std::optional<file_watch> watch;
-  asio::steady_timer poll(main_ioc);
-  std::function<void()> poll_file = [&] {
-    poll.expires_after(std::chrono::milliseconds(250));
-    poll.async_wait([&](error_code ec) {
-      if (ec) return;
-      if (watch->changed()) {
-        auto text = read_file(cfg->topology.file);
-        auto res = text ? topology::parse_document(*text) : std::variant<topology::document, topology::parse_error>(
-                                                                 topology::parse_error{"cannot read file"});
-        if (auto* err = std::get_if<topology::parse_error>(&res)) {
-          spdlog::error("topology file {} rejected, keeping the last good topology: {}", cfg->topology.file,
-                        err->message);
-        } else if (auto* next = std::get_if<topology::document>(&res); !(*next == doc)) {
-          doc = *next;
-          publish(std::move(*next));
-        }
-      }
-      poll_file();
-    });
-  };
-  if (!cfg->topology.file.empty()) {
-    watch.emplace(cfg->topology.file);
-    poll_file();
-  }
-
   std::thread waiter([&] {
     d.wait();
     asio::post(main_ioc, [&] {
       signals.cancel();
-      poll.cancel();
+      if (topo_source) topo_source->stop();
+      checker.stop();
     });
   });
   main_ioc.run();
   waiter.join();
+  topo_source.reset();
   spdlog::info("ingressd exiting");
   return 0;
 }

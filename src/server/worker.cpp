@@ -3,7 +3,6 @@
 #include <sys/socket.h>
 
 #include <array>
-#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 
@@ -125,7 +124,17 @@ awaitable<void> worker::sweep_loop() {
 
 void worker::add_session(session& s) { sessions_.push_back(s); }
 
-void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
+void worker::set_health(const std::string& key, bool up) {
+  if (auto it = loads_.find(key); it != loads_.end()) it->second.healthy = up;
+}
+
+std::unordered_map<std::string, std::uint32_t> worker::in_flight_report() const {
+  std::unordered_map<std::string, std::uint32_t> out;
+  for (const auto& [k, l] : loads_) out[k] = l.in_flight;
+  return out;
+}
+
+void worker::apply(std::shared_ptr<const topology::snapshot> snap, std::shared_ptr<const down_set> down) {
   std::unordered_map<std::string_view, std::size_t> old_index;
   if (snap_)
     for (std::size_t i = 0; i < snap_->apps.size(); ++i) old_index.emplace(snap_->apps[i].name, i);
@@ -144,7 +153,9 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
       st.lb_rotor = old.lb_rotor;
     }
     for (const auto& ep : view.replicas) {
-      st.replicas.push_back(&loads_[ep.key]);
+      auto& l = loads_[ep.key];
+      l.healthy = !down || !down->contains(ep.key);
+      st.replicas.push_back(&l);
       keys.insert(ep.key);
     }
     for (const auto& ep : view.router_pool) keys.insert(ep.key);

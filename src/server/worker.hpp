@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <boost/intrusive/list.hpp>
@@ -27,7 +28,12 @@ namespace ingressd::server {
 struct shared_state {
   std::atomic<bool> draining{false};
   std::atomic<std::uint64_t> connections{0};  ///< open client connections, all workers
+  std::atomic<std::uint64_t> topology_updates{0};  ///< ingressd_topology_updates_total
+  std::atomic<std::uint64_t> topology_errors{0};   ///< ingressd_topology_errors_total
 };
+
+/// Keys ("ip:port") of replicas that active health checks have marked down.
+using down_set = std::unordered_set<std::string>;
 
 /// A single-writer counter: only the owning worker increments it, any thread may read it.
 /// A relaxed load+store is a plain add on x86 (no locked instruction) yet race-free for TSan.
@@ -73,7 +79,11 @@ class worker {
   void run();
 
   // --- Called on the worker's own thread (post to it from elsewhere) ---
-  void apply(std::shared_ptr<const topology::snapshot> snap);
+  void apply(std::shared_ptr<const topology::snapshot> snap, std::shared_ptr<const down_set> down);
+  /// Health checks marked replica `key` up or down.
+  void set_health(const std::string& key, bool up);
+  /// In-flight requests per replica key on this worker (for the admin /topology dump).
+  std::unordered_map<std::string, std::uint32_t> in_flight_report() const;
   void stop_accepting();
   void close_idle();   ///< drain: close idle keep-alive connections, ask busy ones to close after
   void abort_all();    ///< hard stop: close every connection

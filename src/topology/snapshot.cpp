@@ -69,11 +69,12 @@ app_view make_view(const app& a, const resolver& resolve, std::string_view node_
 
 std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& node_ip,
                                               const std::string& local_dial_host,
-                                              std::uint64_t generation) {
+                                              std::uint64_t generation, std::string source) {
   auto s = std::make_shared<snapshot>();
   s->doc = std::move(doc);
   s->node_ip = node_ip;
   s->generation = generation;
+  s->source = std::move(source);
 
   const resolver resolve(s->node_ip, local_dial_host);
   std::vector<std::string> prefixes;

@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "ingressd/config/config.hpp"
 #include "ingressd/topology/snapshot.hpp"
@@ -26,12 +29,20 @@ class daemon {
 
   /// Publishes a new topology to every worker (they apply it on their own thread).
   void set_topology(std::shared_ptr<const topology::snapshot> snap);
+  /// Active health checks marked replica `key` ("ip:port") up or down; workers stop choosing a
+  /// down replica (a router-pinned one falls through to a healthy one).
+  void set_replica_health(const std::string& key, bool up);
+  /// Counts a rejected topology document or failed fetch (ingressd_topology_errors_total).
+  void count_topology_error();
   /// The topology most recently published (nullptr before the first).
   std::shared_ptr<const topology::snapshot> current_topology() const;
 
   /// Returns once every worker has run everything posted to it before this call (for example a
   /// set_topology). Used by tests instead of sleeping.
   void sync();
+
+  /// Per replica key: health (true = up) and in-flight requests summed over the workers.
+  std::unordered_map<std::string, std::pair<bool, std::uint32_t>> replica_state() const;
 
   /// The bound ports (useful with port 0).
   std::uint16_t port() const;

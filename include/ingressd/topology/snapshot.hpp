@@ -44,6 +44,7 @@ struct snapshot {
   routing::route_table routes;
   std::optional<endpoint> fallback;      ///< HTTP fallback target
   std::uint64_t generation = 0;          ///< increases with each published change
+  std::string source;                    ///< where the document came from ("file /x.json", ...)
   std::chrono::system_clock::time_point updated{};
 
   /// For the change log line: router targets in total (all of them, not just the pools),
@@ -57,6 +58,6 @@ struct snapshot {
 /// when dialling. Target ips were validated by parse_document.
 std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& node_ip,
                                               const std::string& local_dial_host,
-                                              std::uint64_t generation);
+                                              std::uint64_t generation, std::string source = {});
 
 }  // namespace ingressd::topology
