@@ -13,15 +13,6 @@ constexpr const char* remote_instance = "demo-remote-node";
 const char* const llm_replica_ids[] = {"a1b2", "c3d4", "e5f6"};
 const char* const router_ids[] = {"r1l0", "r2l1", "r3x9"};
 
-nlohmann::ordered_json target_json(const topology::target& t) {
-  nlohmann::ordered_json j;
-  j["ip"] = t.ip;
-  j["port"] = t.port;
-  j["instance_id"] = t.instance_id;
-  j["name"] = t.name;
-  return j;
-}
-
 }  // namespace
 
 cluster::cluster() : cluster(options{}) {}
@@ -84,23 +75,6 @@ topology::document cluster::document() const {
   return doc;
 }
 
-std::string cluster::document_json() const {
-  const auto doc = document();
-  auto groups = nlohmann::ordered_json::array();
-  for (const auto& app : doc.apps) {
-    nlohmann::ordered_json g;
-    g["app_name"] = app.name;
-    g["route_prefix"] = app.route_prefix;
-    g["protocol"] = "HTTP";
-    g["targets"] = nlohmann::ordered_json::array();
-    for (const auto& t : app.replicas) g["targets"].push_back(target_json(t));
-    g["ingress_request_router_targets"] = nlohmann::ordered_json::array();
-    for (const auto& t : app.routers) g["ingress_request_router_targets"].push_back(target_json(t));
-    groups.push_back(std::move(g));
-  }
-  nlohmann::ordered_json root;
-  root["target_groups"] = std::move(groups);
-  return root.dump(2);
-}
+std::string cluster::document_json() const { return topology::to_json(document()); }
 
 }  // namespace ingressd::demo

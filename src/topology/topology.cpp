@@ -354,4 +354,30 @@ std::variant<document, parse_error> parse_document(std::string_view text) {
   }
 }
 
+namespace {
+nlohmann::ordered_json target_to_json(const target& t) {
+  return {{"ip", t.ip}, {"port", t.port}, {"instance_id", t.instance_id}, {"name", t.name}};
+}
+}  // namespace
+
+std::string to_json(const document& doc) {
+  auto groups = nlohmann::ordered_json::array();
+  for (const auto& a : doc.apps) {
+    nlohmann::ordered_json g;
+    g["app_name"] = a.name;
+    g["route_prefix"] = a.route_prefix;
+    g["protocol"] = "HTTP";
+    g["targets"] = nlohmann::ordered_json::array();
+    for (const auto& t : a.replicas) g["targets"].push_back(target_to_json(t));
+    g["ingress_request_router_targets"] = nlohmann::ordered_json::array();
+    for (const auto& t : a.routers) g["ingress_request_router_targets"].push_back(target_to_json(t));
+    if (a.router_fallback) g["ingress_router_fallback"] = true;
+    groups.push_back(std::move(g));
+  }
+  nlohmann::ordered_json root;
+  root["target_groups"] = std::move(groups);
+  if (doc.http_fallback) root["fallback_targets"] = {{"HTTP", target_to_json(*doc.http_fallback)}};
+  return root.dump(2);
+}
+
 }  // namespace ingressd::topology

@@ -50,6 +50,10 @@ struct parse_error {
 /// ports and duplicate route prefixes. Never throws.
 std::variant<document, parse_error> parse_document(std::string_view text);
 
+/// Serialises a document in Ray's JSON shape (`{"target_groups": [...], "fallback_targets": ...}`);
+/// parse_document(to_json(d)) == d.
+std::string to_json(const document& doc);
+
 /// Normalises a route prefix: "" -> "/", trailing slashes removed except for "/".
 std::string normalise_prefix(std::string_view prefix);
 
