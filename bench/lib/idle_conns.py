@@ -82,6 +82,7 @@ def main():
     closed = 0
     step = max(1, len(socks) // 200)
     for s in socks[::step]:
+        s.setblocking(False)
         try:
             if s.recv(1, socket.MSG_DONTWAIT) == b"":
                 closed += 1

@@ -61,6 +61,15 @@ def cmd_wrk(a):
         rows["cpu_us"] = a.cpu_ticks / a.clk_tck * 1e6 / w["requests"]
     if a.core_busy is not None:
         rows["core_busy"] = a.core_busy
+    if a.load_core_busy is not None:
+        rows["load_core_busy"] = a.load_core_busy
+    if a.upstream_accepts is not None and w["requests"]:
+        rows["new_conns_per_req"] = max(0, a.upstream_accepts) / w["requests"]
+    if a.cpu_ticks is not None and a.elapsed:
+        # share of one core the proxy used; what else ran on the proxy core = the rest
+        rows["cpu_pct"] = a.cpu_ticks / a.clk_tck / a.elapsed * 100.0
+        if a.core_busy is not None and not a.scenario.endswith("_t2"):
+            rows["foreign_pct"] = max(0.0, a.core_busy - rows["cpu_pct"])
     for k, v in rows.items():
         if v is not None:
             print("%s\t%s\t%s\t%s\t%.6g" % (a.round, a.proxy, a.scenario, k, v))
@@ -146,7 +155,7 @@ def cmd_table(a):
         for r, v in t.items():
             if r in d:
                 data[(proxy, "sse", "added_p50_ms")][r] = v - d[r]
-    rounds = sorted({r for v in data.values() for r in v})
+    rounds = sorted({r for v in data.values() for r in v if r != "0"})
     lines = []
     head = ("scenario / metric", "ingressd", "haproxy", "ratio i/h")
     body = []
@@ -155,7 +164,7 @@ def cmd_table(a):
         dh = data.get(("haproxy", scen, metric), {})
         if not di and not dh:
             continue
-        rs = per_round_ratio(di, dh)
+        rs = per_round_ratio(di, dh) if metric != "batched" else []
         ratio = "-"
         if rs:
             ratio = "%.2f" % statistics.median(rs)
@@ -182,10 +191,38 @@ def cmd_table(a):
     d = data.get(("direct", "sse", "ttft_p50_ms"), {})
     if d:
         extra.append("direct SSE TTFT p50 (client -> SSE replica, no proxy): %s ms" % fmt_cell(d, "%.3f"))
-    for proxy in ("ingressd", "haproxy"):
-        cb = data.get((proxy, "router_c64", "core_busy"), {})
-        if cb:
-            extra.append("core 1 busy during router POST c64 with %s: %s %%" % (proxy, fmt_cell(cb, "%.0f")))
+    d = data.get(("direct", "direct_get_c64", "core_busy"), {})
+    if d:
+        extra.append("proxy core busy with other work while no proxy ran (direct GET run): %s %%"
+                     % fmt_cell(d, "%.0f"))
+    for scen in ("plain_c64", "router_c64", "router_c256"):
+        cells = []
+        for proxy in ("ingressd", "haproxy"):
+            cp = data.get((proxy, scen, "cpu_pct"), {})
+            fo = data.get((proxy, scen, "foreign_pct"), {})
+            lb = data.get((proxy, scen, "load_core_busy"), {})
+            if cp:
+                cells.append("%s %s %% (others %s %%; load core busy %s %%)"
+                             % (proxy, fmt_cell(cp, "%.0f"), fmt_cell(fo, "%.0f"), fmt_cell(lb, "%.0f")))
+        if cells:
+            extra.append("proxy CPU share of its core, %s: %s" % (scen, "; ".join(cells)))
+    for scen in ("plain_c64", "router_c64", "router_c256"):
+        cells = []
+        for proxy in ("ingressd", "haproxy"):
+            up = data.get((proxy, scen, "up_conns"), {})
+            rt = data.get((proxy, scen, "router_conns"), {})
+            nc = data.get((proxy, scen, "new_conns_per_req"), {})
+            if up or nc:
+                cells.append("%s %s new/req, %s to replicas + %s to routers open" % (
+                    proxy, fmt_cell(nc, "%.3f"), fmt_cell(up, "%.0f"), fmt_cell(rt, "%.0f")))
+        if cells:
+            extra.append("upstream TCP conns (new per request; established mid-run), %s: %s"
+                         % (scen, "; ".join(cells)))
+    fo = [v for (proxy, scen, metric), d in data.items() if metric == "foreign_pct" for v in d.values()]
+    if fo and statistics.median(fo) > 10 or fo and max(fo) > 25:
+        extra.append("WARNING: other processes used the proxy core during the runs (median %.0f %%, max %.0f %% "
+                     "of it): absolute numbers are depressed and noisy; compare the per-round ratios"
+                     % (statistics.median(fo), max(fo)))
     errs = []
     for proxy in ("ingressd", "haproxy"):
         for scen in ERROR_SCENARIOS + ["sse", "idle"]:
@@ -273,6 +310,9 @@ def main():
     w.add_argument("--cpu-ticks", type=float)
     w.add_argument("--clk-tck", type=float, default=100.0)
     w.add_argument("--core-busy", type=float)
+    w.add_argument("--elapsed", type=float)
+    w.add_argument("--load-core-busy", type=float)
+    w.add_argument("--upstream-accepts", type=float)
     j = sub.add_parser("json")
     j.add_argument("--json", required=True)
     j.add_argument("--round", required=True)

@@ -38,7 +38,7 @@ class Conn:
 
     def ensure(self):
         if self.sock is None:
-            s = socket.create_connection((self.host, self.port), timeout=10)
+            s = socket.create_connection((self.host, self.port), timeout=5)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sock = s
         return self.sock
@@ -72,6 +72,8 @@ def one_request(conn, req):
             hdrs[k.strip().lower()] = v.strip().lower()
     if status != 200:
         raise RuntimeError("status %d" % status)
+    if b"text/event-stream" not in hdrs.get(b"content-type", b""):
+        raise RuntimeError("not an event stream (wrong app?)")
     chunked = b"chunked" in hdrs.get(b"transfer-encoding", b"")
     close_after = hdrs.get(b"connection") == b"close" or lines[0].startswith(b"HTTP/1.0")
     # --- body: de-chunk into an SSE byte stream, split events on a blank line
@@ -152,7 +154,7 @@ def main():
         except Exception as e:  # noqa: BLE001 - counted and reported
             errors += 1
             conn.close()
-            if errors > 20:
+            if errors >= 5:
                 print("too many errors, last: %r" % e, file=sys.stderr)
                 break
             continue

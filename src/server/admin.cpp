@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ingressd/http/message.hpp"
+#include "ingressd/metrics/exposition.hpp"
 #include "server/worker.hpp"
 
 namespace ingressd::server {
@@ -85,23 +86,26 @@ awaitable<void> admin_server::serve(tcp::socket sock) {
 }
 
 std::string admin_server::metrics_text() const {
-  std::uint64_t requests = 0, conns = 0, streams = 0;
+  metrics::scrape_input in;
   for (const auto* w : h_.workers()) {
-    requests += w->stats().requests.get();
-    conns += w->stats().active_connections.get();
-    streams += w->stats().active_streams.get();
+    in.workers.push_back(&w->metrics());
+    in.requests_received += w->stats().requests.get();
+    in.active_connections += w->stats().active_connections.get();
+    in.active_streams += w->stats().active_streams.get();
   }
-  std::string out;
-  out += "# HELP ingressd_requests_received_total Requests whose head was read.\n";
-  out += "# TYPE ingressd_requests_received_total counter\n";
-  out += fmt::format("ingressd_requests_received_total {}\n", requests);
-  out += "# HELP ingressd_active_connections Open client connections.\n";
-  out += "# TYPE ingressd_active_connections gauge\n";
-  out += fmt::format("ingressd_active_connections {}\n", conns);
-  out += "# HELP ingressd_active_streams Responses being relayed.\n";
-  out += "# TYPE ingressd_active_streams gauge\n";
-  out += fmt::format("ingressd_active_streams {}\n", streams);
-  return out;
+  auto snap = h_.topology ? h_.topology() : nullptr;
+  in.topology = snap.get();
+  std::optional<down_set> down;
+  if (h_.down) {
+    down = h_.down();
+    in.replica_up = [&down](const std::string& key) { return !down->contains(key); };
+  }
+  if (h_.shared) {
+    in.topology_updates = h_.shared->topology_updates.load(std::memory_order_relaxed);
+    in.topology_errors = h_.shared->topology_errors.load(std::memory_order_relaxed);
+    if (h_.shared->access_log) in.access_log_dropped = h_.shared->access_log->dropped();
+  }
+  return metrics::render(in);
 }
 
 std::string admin_server::topology_json() const {

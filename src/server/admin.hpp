@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,9 @@ class admin_server {
     /// Per replica key: whether health checks have it up, and its in-flight requests summed
     /// over the workers (asked of each worker on its own thread).
     std::function<std::unordered_map<std::string, std::pair<bool, std::uint32_t>>()> replica_state;
+    /// Keys ("ip:port") of replicas health checks have marked down (ingressd_replica_up);
+    /// unset: every replica counts as up.
+    std::function<std::unordered_set<std::string>()> down;
   };
   /// Binds at once (throws std::system_error on failure).
   admin_server(asio::io_context& ioc, const tcp::endpoint& ep, handlers h);

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ingressd/http/message.hpp"
+#include "ingressd/metrics/access_log.hpp"
 #include "server/admin.hpp"
 #include "server/worker.hpp"
 
@@ -31,6 +32,7 @@ struct daemon::impl {
   explicit impl(std::shared_ptr<const config::config> c) : cfg(std::move(c)) {}
 
   std::shared_ptr<const config::config> cfg;
+  std::unique_ptr<metrics::access_log> access_log;  // outlives the workers that write to it
   shared_state shared;
   std::vector<std::unique_ptr<worker>> workers;
   std::vector<std::thread> threads;
@@ -101,6 +103,10 @@ void daemon::start() {
   auto& d = *impl_;
   const unsigned n = d.cfg->effective_threads();
   auto ep = to_endpoint(d.cfg->listen);
+  if (d.cfg->access_log != "off" && !d.access_log) {
+    d.access_log = std::make_unique<metrics::access_log>(d.cfg->access_log);
+    d.shared.access_log = d.access_log.get();
+  }
   for (unsigned i = 0; i < n; ++i) {
     d.workers.push_back(std::make_unique<worker>(i, d.cfg, d.shared));
     // The first worker may bind port 0; the others share the port it got.
@@ -116,7 +122,11 @@ void daemon::start() {
         return ws;
       },
       &d.shared,
-      [this] { return replica_state(); }});
+      [this] { return replica_state(); },
+      [this] {
+        std::lock_guard lk(impl_->snap_mu);
+        return impl_->down;
+      }});
   d.control_guard.emplace(d.control.get_executor());
   d.drain_timer.emplace(d.control);
   d.admin->start();
@@ -161,6 +171,13 @@ std::unordered_map<std::string, std::pair<bool, std::uint32_t>> daemon::replica_
   for (auto& [k, v] : out) v.first = !impl_->down.contains(k);
   for (const auto& k : impl_->down) out[k].first = false;
   return out;
+}
+
+bool daemon::reopen_access_log() {
+  if (!impl_->access_log) return true;
+  if (impl_->access_log->reopen()) return true;
+  spdlog::error("access log: cannot reopen '{}'; still writing to the old file", impl_->access_log->target());
+  return false;
 }
 
 void daemon::count_topology_error() { impl_->shared.topology_errors.fetch_add(1, std::memory_order_relaxed); }

@@ -220,11 +220,14 @@ int run(int argc, const char* const* argv) {
   }
 
   asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
+  signals.add(SIGUSR1);  // reopen the access log (logrotate)
   std::function<void()> wait_signal = [&] {
     signals.async_wait([&](error_code ec, int sig) {
       if (ec) return;
       if (sig == SIGHUP) {
         spdlog::info("SIGHUP: configuration reload is not implemented yet; ignoring");
+      } else if (sig == SIGUSR1) {
+        if (d.reopen_access_log()) spdlog::info("SIGUSR1: access log reopened");
       } else {
         spdlog::info("{}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
         d.begin_drain();

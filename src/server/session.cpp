@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ingressd/http/message.hpp"
+#include "ingressd/http/validate.hpp"
 #include "ingressd/routing/route_table.hpp"
 #include "ingressd/routing/router_memory.hpp"
 
@@ -31,14 +32,6 @@ constexpr auto router_probe_timeout = std::chrono::seconds(1);
 constexpr std::uint32_t upstream_header_limit = 64 * 1024;
 constexpr std::string_view continue_100 = "HTTP/1.1 100 Continue\r\n\r\n";
 constexpr std::string_view last_chunk = "0\r\n\r\n";
-
-/// The status ingressd answers a request head that failed to parse with (hardening B, D).
-unsigned status_for_parse_error(const error_code& ec) {
-  if (ec == bhttp::error::header_limit) return 431;
-  if (ec == bhttp::error::body_limit) return 413;
-  if (ec == bhttp::error::bad_version) return 505;
-  return 400;
-}
 
 /// Decrements a replica's in-flight count when a proxied request ends, however it ends.
 struct load_guard {
@@ -214,7 +207,8 @@ awaitable<error_code> session::read_prebody(std::size_t cap) {
     body.data = prebody_.data() + old;
     body.size = room;
     arm(cfg.client.body_timeout, phase::body);
-    auto [ec, n] = co_await bhttp::async_read_some(sock_, buf_, *parser_, nothrow);
+    http::bounded_buffer in(buf_, cfg.client.max_header_bytes);  // chunk lines, trailers (A10, A11)
+    auto [ec, n] = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
     if (ec == bhttp::error::need_buffer) ec = {};
     prebody_.resize(old + room - body.size);
     if (ec) co_return ec;
@@ -259,7 +253,7 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
     }
     router_conn_ = conn.get();
     auto [wec, wn] = co_await asio::async_write(conn->sock, asio::buffer(request), nothrow);
-    bhttp::response_parser<bhttp::string_body> rp;
+    http::guarded_parser<false, bhttp::string_body> rp;
     rp.header_limit(router_header_limit);
     rp.body_limit(router_body_limit);
     error_code rec = wec;
@@ -284,6 +278,11 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
     std::shared_ptr<const topology::snapshot> snap, std::size_t app_index, std::string request_id,
     std::string body, std::optional<std::uint64_t> truncated_total) {
   const auto& cfg = w_.cfg();
+  struct latency_mark {  // the whole decision, failovers included (ingressd_router_latency_seconds)
+    session& s;
+    clock::time_point t0 = clock::now();
+    ~latency_mark() { s.rec_.router_latency = clock::now() - t0; }
+  } latency{*this};
   const auto& view = snap->apps[app_index];
   const auto& pool = view.router_pool;
   const std::size_t n = pool.size();
@@ -337,6 +336,7 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
         {ep.key, body, truncated_total, cfg.router.session_header, session_value, request_id});
     auto ex = co_await router_attempt(ep, request, timeout);
     if (aborted_) co_return std::pair{routing::router_reply{}, std::optional(reason::router_unreachable)};
+    note_router_attempt(r, ep, ex);
     if (!ex.replied) {
       memory.failed(ep.key, clock::now());
       spdlog::debug("router {} gave no reply{}", ep.key, router_timed_out_ ? " (timeout)" : "");
@@ -364,11 +364,13 @@ awaitable<bool> session::write_all(std::string_view data) {
 awaitable<session::outcome> session::respond(std::string response, bool close) {
   arm(w_.cfg().client.header_timeout, phase::head);
   bool ok = co_await write_all(response);
+  note_response(response, ok);
   co_return (ok && !close) ? outcome::keep_alive : outcome::close;
 }
 
 awaitable<session::outcome> session::respond_reason(reason r, bool close, std::string_view path) {
   bool head_only = parser_ && parser_->get().method() == bhttp::verb::head;
+  rec_.why = r;
   co_return co_await respond(http::make_reason_response(r, close, 11, head_only, path), close);
 }
 
@@ -377,7 +379,9 @@ awaitable<session::outcome> session::respond_reason(reason r, bool close, std::s
 awaitable<void> session::run() {
   auto self = shared_from_this();
   while (!aborted_) {
-    if (co_await serve_one() == outcome::close) break;
+    const auto o = co_await serve_one();
+    finish_request();
+    if (o == outcome::close) break;
   }
   error_code ignored;
   if (!aborted_ && sock_.is_open()) {
@@ -406,6 +410,7 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
   const bool head_only = req.method() == bhttp::verb::head;
   const bool close = !parser_->keep_alive() || !parser_->is_done();
   const bool draining = w_.shared().draining.load(std::memory_order_relaxed);
+  rec_.probe = true;
   const auto* snap = w_.snap();
   if (draining) {
     response = http::make_response(503, "text/plain", "This node is being drained.", close, 11, head_only);
@@ -442,12 +447,23 @@ awaitable<session::outcome> session::serve_one() {
     if (ec || close_after_) co_return outcome::close;  // idle timeout, drain or error: quietly
   }
 
+  begin_request();
   arm(cfg.client.header_timeout, phase::head);
-  parser_.emplace();
-  parser_->header_limit(static_cast<std::uint32_t>(cfg.client.max_header_bytes));
-  parser_->body_limit(cfg.client.max_body_bytes);
-  {
-    auto [ec, n] = co_await bhttp::async_read_header(sock_, buf_, *parser_, nothrow);
+  head_.clear();
+  for (int skips = 0;; ++skips) {
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(cfg.client.max_header_bytes));
+    parser_->body_limit(cfg.client.max_body_bytes);
+    // The raw head lands in head_ as Beast consumes it, for http::check_request_head below.
+    http::bounded_buffer in(buf_, cfg.client.max_header_bytes, &head_);
+    auto [ec, n] = co_await bhttp::async_read_header(sock_, in, *parser_, nothrow);
+    if (ec == bhttp::error::bad_method && skips < 8) {
+      // Empty lines before the request line are ignored (RFC 9112 §2.2, hardening D12).
+      if (auto skip = http::leading_empty_lines(http::pending(buf_)); skip > 0) {
+        buf_.consume(skip);
+        continue;
+      }
+    }
     if (ec) {
       if (aborted_) co_return outcome::close;
       if (timed_out(phase::head)) {
@@ -456,13 +472,23 @@ awaitable<session::outcome> session::serve_one() {
       if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
           ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
         co_return outcome::close;
-      unsigned status = status_for_parse_error(ec);
+      unsigned status = http::status_for_head_error(ec, head_, http::pending(buf_),
+                                                    cfg.client.max_header_bytes);
       co_return co_await respond(
           http::make_response(status, "text/plain", bhttp::obsolete_reason(static_cast<bhttp::status>(status)), true), true);
     }
+    break;
   }
   w_.stats().requests.add();
   const auto& req = parser_->get();
+  if (auto v = http::check_request_head(head_, req); !v.ok()) {
+    // What Beast lets through but ingressd refuses (smuggling shapes, hardening A, B, D): the
+    // request goes nowhere and the connection closes.
+    std::string body(bhttp::obsolete_reason(static_cast<bhttp::status>(v.status)));
+    body.append(": ").append(v.why);
+    co_return co_await respond(
+        http::make_response(v.status, "text/plain", body, true, 11, req.method() == bhttp::verb::head), true);
+  }
   if (req.version() != 11 && req.version() != 10) {
     co_return co_await respond(http::make_response(505, "text/plain", "HTTP Version Not Supported", true), true);
   }
@@ -507,6 +533,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   const bool chunked_in = parser_->chunked();
   const unsigned client_version = req.version();
   prebody_.clear();
+  rec_.block = w_.app(app_index).metrics;
 
   // Expect: only 100-continue is known (RFC 9110 §10.1.1); ingressd answers it itself.
   bool expect_continue = false;
@@ -523,6 +550,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     request_id.assign(it->value());
   else
     request_id = w_.next_request_id();
+  if (logging()) rec_.request_id = request_id;
 
   std::shared_ptr<const topology::snapshot> snap = w_.snapshot_ptr();
   const std::string app_name = snap->apps[app_index].name;
@@ -548,6 +576,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
         std::optional<std::uint64_t> total;
         if (!chunked_in && parser_->content_length() && *parser_->content_length() > prebody_.size())
           total = *parser_->content_length();
+        if (!parser_->is_done()) rec_.block->truncations.add();
         std::tie(reply, failure) = co_await ask_routers(snap, app_index, request_id, prebody_, total);
       }
     } else {
@@ -568,6 +597,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
         failure = reason::unknown_replica_id;
       }
     }
+    note_router_outcome(failure);
     if (failure) {
       if (*failure == reason::unknown_replica_id && snap->fallback) {
         // The router knows a replica we do not yet: the head node's Serve proxy re-picks (Ray #64218).
@@ -645,6 +675,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     if (pick) load.set(w_.app(app_index).replicas[*pick]);
     break;
   }
+  note_replica(*ep, connect_failures);
   up_ = conn.get();
   struct up_reset {
     upstream::connection*& p;
@@ -670,7 +701,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
           break;
         default:
           if (iequals(name, "x-request-id") || iequals(name, "x-forwarded-for") ||
-              iequals(name, "x-forwarded-proto"))
+              iequals(name, "x-forwarded-proto") || iequals(name, "forwarded") || iequals(name, "x-real-ip"))
             continue;
       }
       bool replaced = false;
@@ -718,7 +749,8 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
         body.data = relay;
         body.size = relay_size;
         arm(cfg.client.body_timeout, phase::body);
-        auto [ec, n] = co_await bhttp::async_read_some(sock_, buf_, *parser_, nothrow);
+        http::bounded_buffer in(buf_, cfg.client.max_header_bytes);  // chunk lines, trailers (A10, A11)
+        auto [ec, n] = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
         if (ec == bhttp::error::need_buffer) ec = {};
         got = relay_size - body.size;
         if (ec) {
@@ -746,6 +778,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     }
   }
   prebody_.clear();
+  const auto request_sent = clock::now();
 
   // Response head, skipping interim 1xx responses after forwarding them (hardening F2).
   start_watch();
@@ -768,7 +801,15 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
                                                                        : reason::upstream_error);
     }
     unsigned status = rp->get().result_int();
-    if (status >= 200) break;
+    if (status >= 200) {
+      // Framing Beast accepts but that cannot be re-framed faithfully (repeated Content-Length,
+      // a coding other than chunked): 502, and the upstream connection is discarded (A15, B6).
+      if (!http::check_response_head(rp->get()).ok()) {
+        co_await stop_watch();
+        co_return co_await upstream_failed(reason::upstream_error);
+      }
+      break;
+    }
     if (status == 101) {
       co_await stop_watch();
       co_return co_await upstream_failed(reason::upstream_error);  // we never ask for upgrades
@@ -787,6 +828,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     }
   }
 
+  rec_.block->first_byte.observe(clock::now() - request_sent);
   auto& res = rp->get();
   const unsigned status = res.result_int();
   const bool no_body = head_only || status == 204 || status == 304;
@@ -853,11 +895,14 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       auto [ec, n] = co_await asio::async_write(sock_, std::span(bufs.data(), nb), nothrow);
       if (ec) {
         // The client went away (or stalled past the idle timeout): close the upstream too.
+        rec_.term = client_side_end();
         co_await stop_watch();
         hard_close(conn->sock);
         hard_close(sock_);
         co_return outcome::close;
       }
+      if (!head_sent) rec_.status = status;
+      rec_.bytes += got;
       head_sent = true;
     }
     if (read_ec) {
@@ -869,6 +914,10 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   disarm();
   if (!upstream_ok || client_gone_ || aborted_) {
     // Upstream died or hung mid-stream, or the client left: abort both sides (hardening G1, G3).
+    rec_.term = aborted_ ? metrics::termination::shutdown
+                : client_gone_ ? metrics::termination::client_abort
+                : timed_out(phase::stream) ? metrics::termination::timeout
+                : metrics::termination::upstream_abort;
     hard_close(conn->sock);
     hard_close(sock_);
     co_return outcome::close;

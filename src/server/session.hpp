@@ -13,6 +13,9 @@
 
 #include "ingressd/core/asio.hpp"
 #include "ingressd/core/reason.hpp"
+#include "ingressd/http/parse_guards.hpp"
+#include "ingressd/metrics/access_log.hpp"
+#include "ingressd/metrics/request_metrics.hpp"
 #include "ingressd/routing/router_reply.hpp"
 #include "server/worker.hpp"
 
@@ -35,8 +38,9 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// What the session waits for; a deadline that passes cancels the I/O of that phase.
   enum class phase : std::uint8_t { none, idle, head, body, connect, first_byte, stream };
   using clock = std::chrono::steady_clock;
-  using request_parser = bhttp::request_parser<bhttp::buffer_body>;
-  using response_parser = bhttp::response_parser<bhttp::buffer_body>;
+  // Beast's parsers, minus the field-length throw and trailer merging (http/parse_guards.hpp).
+  using request_parser = http::guarded_parser<true, bhttp::buffer_body>;
+  using response_parser = http::guarded_parser<false, bhttp::buffer_body>;
 
   enum class outcome { keep_alive, close };
 
@@ -83,6 +87,38 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   void hard_close(tcp::socket& s);
   unsigned char* relay_buffer();
 
+  // Request accounting (metrics and access log, src/server/session_record.cpp). A record starts
+  // before each request head is read and is finished by run() after serve_one() returns.
+  struct request_record {
+    bool active = false;
+    bool probe = false;                        ///< /-/healthz, /-/routes: not counted, not logged
+    clock::time_point start;
+    metrics::app_metrics* block = nullptr;     ///< null: the app="" block
+    unsigned status = 0;                       ///< status sent to the client (0: none yet)
+    std::uint64_t bytes = 0;                   ///< response body bytes sent
+    std::optional<reason> why;                 ///< reason of a response ingressd generated
+    std::optional<metrics::termination> term;  ///< set where the exchange ended abnormally
+    bool routed = false;                       ///< a router was consulted
+    std::optional<reason> router_failure;
+    clock::duration router_latency{};
+    unsigned retries = 0;
+    // For the access log only (filled when it is on):
+    std::string router, router_addr, replica, replica_addr, request_id;
+  };
+  bool logging() const { return w_.shared().access_log != nullptr; }
+  void begin_request();
+  void finish_request();
+  /// One router attempt ended (ingressd_router_attempts_total).
+  void note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex);
+  /// The routing decision is final: latency by outcome, failures by reason.
+  void note_router_outcome(std::optional<reason> failure);
+  /// The request goes to `ep` after `retries` connect failures.
+  void note_replica(const topology::endpoint& ep, unsigned retries);
+  /// A response ingressd generated was written (or failed to be): status, body bytes, ending.
+  void note_response(std::string_view response, bool written);
+  /// A write to the client failed or a stream ended early: how, from the timers and flags.
+  metrics::termination client_side_end() const;
+
   worker& w_;
   tcp::socket sock_;
   boost::beast::flat_buffer buf_;
@@ -108,6 +144,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   bool watching_ = false;
   bool watch_stop_ = false;
   bool client_gone_ = false;
+  request_record rec_;
 };
 
 }  // namespace ingressd::server

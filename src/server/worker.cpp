@@ -140,10 +140,12 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap, std::shared_p
     for (std::size_t i = 0; i < snap_->apps.size(); ++i) old_index.emplace(snap_->apps[i].name, i);
 
   std::vector<app_state> next(snap->apps.size());
+  const auto blocks = metrics_.apply(*snap);
   std::unordered_set<std::string> keys;
   for (std::size_t i = 0; i < snap->apps.size(); ++i) {
     const auto& view = snap->apps[i];
     auto& st = next[i];
+    st.metrics = blocks[i];
     st.pool_signature = view.pool_signature;
     st.router_cursor = routing::rr_cursor(index_);
     if (auto it = old_index.find(view.name); it != old_index.end()) {

@@ -17,6 +17,9 @@
 
 #include "ingressd/config/config.hpp"
 #include "ingressd/core/asio.hpp"
+#include "ingressd/metrics/access_log.hpp"
+#include "ingressd/metrics/counter.hpp"
+#include "ingressd/metrics/request_metrics.hpp"
 #include "ingressd/routing/router_memory.hpp"
 #include "ingressd/routing/router_pool.hpp"
 #include "ingressd/topology/snapshot.hpp"
@@ -30,19 +33,15 @@ struct shared_state {
   std::atomic<std::uint64_t> connections{0};  ///< open client connections, all workers
   std::atomic<std::uint64_t> topology_updates{0};  ///< ingressd_topology_updates_total
   std::atomic<std::uint64_t> topology_errors{0};   ///< ingressd_topology_errors_total
+  /// The access log, or null when off. Set before the workers start; thread-safe.
+  metrics::access_log* access_log = nullptr;
 };
 
 /// Keys ("ip:port") of replicas that active health checks have marked down.
 using down_set = std::unordered_set<std::string>;
 
 /// A single-writer counter: only the owning worker increments it, any thread may read it.
-/// A relaxed load+store is a plain add on x86 (no locked instruction) yet race-free for TSan.
-struct counter {
-  std::atomic<std::uint64_t> v{0};
-  void add(std::uint64_t n = 1) noexcept { v.store(v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
-  void sub(std::uint64_t n = 1) noexcept { v.store(v.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
-  std::uint64_t get() const noexcept { return v.load(std::memory_order_relaxed); }
-};
+using counter = metrics::counter;
 
 struct worker_stats {
   counter requests;
@@ -62,6 +61,7 @@ struct app_state {
   routing::rr_cursor router_cursor;     ///< kept while the router pool is unchanged
   std::string pool_signature;
   std::size_t lb_rotor = 0;             ///< rotates ties between equally loaded replicas
+  metrics::app_metrics* metrics = nullptr;  ///< this worker's metric block of the app (by name)
 };
 
 class session;
@@ -99,6 +99,9 @@ class worker {
   shared_state& shared() { return shared_; }
   worker_stats& stats() { return stats_; }
   const worker_stats& stats() const { return stats_; }
+  /// Per-app request metrics: written on this worker's thread, read by the admin thread.
+  metrics::worker_metrics& metrics() { return metrics_; }
+  const metrics::worker_metrics& metrics() const { return metrics_; }
   /// A fresh request id (UUID-4 text) from this worker's generator.
   std::string next_request_id();
   /// Least-loaded healthy replica of app `i` not rejected by `skip`, or nullopt.
@@ -124,6 +127,7 @@ class worker {
   upstream::pool pool_;
   routing::router_memory routers_;
   worker_stats stats_;
+  metrics::worker_metrics metrics_;
   std::mt19937_64 rng_;
   bool stopping_ = false;
   asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop

@@ -187,7 +187,7 @@ TEST_F(Process, SigtermFailsHealthzAtOnceLetsStreamsFinishAndExitsZero) {
   auto stream = connection::open("127.0.0.1", port_);
   ASSERT_TRUE(stream.write(format_request("POST", "/v1/chat/completions", "127.0.0.1", port_,
                                           {{"content-type", "application/json"}}, R"({"stream":true})")));
-  ASSERT_TRUE(a.wait_for_requests(1, 5s));
+  ASSERT_TRUE(a.wait_for_requests(1, 5s)) << p->output();
   p->signal(SIGTERM);
   // Healthz fails at once (poll: the signal is handled asynchronously by the daemon).
   auto deadline = clock_type::now() + 2s;

@@ -66,6 +66,8 @@ struct histogram_data {
   std::vector<std::uint64_t> buckets;  ///< non-cumulative, layout->size + 1 entries
   std::uint64_t sum_ns = 0;
 
+  histogram_data() = default;
+  explicit histogram_data(const bucket_layout& l) : layout(&l), buckets(l.size + 1, 0) {}
   /// Adds `h` (same layout expected; the first add sets it).
   void add(const histogram& h);
   std::uint64_t count() const noexcept;

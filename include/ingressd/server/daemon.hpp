@@ -34,6 +34,9 @@ class daemon {
   void set_replica_health(const std::string& key, bool up);
   /// Counts a rejected topology document or failed fetch (ingressd_topology_errors_total).
   void count_topology_error();
+  /// SIGUSR1 (logrotate): reopens the access log file at its path. False (logged; the old file
+  /// stays in use) when it cannot be opened. No-op when the access log is off or stdout.
+  bool reopen_access_log();
   /// The topology most recently published (nullptr before the first).
   std::shared_ptr<const topology::snapshot> current_topology() const;
 

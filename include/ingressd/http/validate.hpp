@@ -1,0 +1,85 @@
+#pragma once
+// Request and response head validation (hardening A, B, D, E; contract §4.4): what Boost 1.81's
+// Beast parser accepts but ingressd refuses, and the status each refusal gets. Sans-I/O: the
+// session reads the head with Beast (recording the raw bytes, see parse_guards.hpp), then asks
+// check_request_head(); a refused request is answered with the returned status and the
+// connection is closed, and nothing of it reaches a router or a replica.
+//
+// Policy (docs/hardening.md has the row-by-row table and what Beast already does itself):
+//  - framing: one Content-Length line of 1*DIGIT only (a repeated CL is refused even when the
+//    values agree); Transfer-Encoding only as one line whose value is exactly `chunked` (OWS and
+//    case aside), never on HTTP/1.0, never together with CL. `gzip, chunked` and other unknown
+//    codings before `chunked` get 501, anything where chunked is not the final coding gets 400;
+//  - syntax: obs-fold, bare CR, control characters and NUL refused (400); more than
+//    max_header_fields fields → 431;
+//  - target: origin-form only (no `*`, absolute- or authority-form), no fragment, no space,
+//    control or non-ASCII byte, well-formed %XX in the path, no `.`/`..` segment, plain or
+//    percent-encoded (400);
+//  - Host: exactly one on HTTP/1.1 (at most one on 1.0), a valid uri-host[:port] (400);
+//  - methods: GET HEAD POST PUT DELETE OPTIONS PATCH are forwarded; anything else (CONNECT,
+//    TRACE, WebDAV verbs, unknown or lowercase tokens) → 501;
+//  - header names with `_` are accepted (Ray's session header may be spelled `x_session_id`).
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include <boost/beast/http/fields.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/system/error_code.hpp>
+
+namespace ingressd::http {
+
+namespace bhttp = boost::beast::http;
+
+/// A request with more header fields than this is refused with 431 (hardening B2).
+inline constexpr std::size_t max_header_fields = 100;
+
+/// The outcome of a check. `status` 0 means accepted; otherwise the status to answer with, and
+/// the connection closes after it. `why` is a short static description for logs and bodies.
+struct verdict {
+  unsigned status = 0;
+  std::string_view why;
+  bool ok() const noexcept { return status == 0; }
+};
+
+/// Checks a request head that Beast parsed. `raw` holds the exact bytes of that head, from the
+/// request line through the empty line (what Beast consumed); `req` is the parsed head.
+verdict check_request_head(std::string_view raw, const bhttp::request_header<>& req) noexcept;
+
+/// Checks the framing of an upstream response head Beast accepted: a repeated Content-Length
+/// (Beast collapses identical ones) or a Transfer-Encoding other than exactly `chunked` (which
+/// Beast reads as close-delimited, or de-chunks under a coding we would then silently strip)
+/// cannot be re-framed faithfully → 502 (hardening A2, A15, B6).
+verdict check_response_head(const bhttp::response_header<>& res) noexcept;
+
+/// The status for a request head Beast refused with `ec`. `consumed` holds the bytes of the
+/// head Beast had already consumed (its request line, once complete), `pending` the unparsed
+/// bytes of the read buffer, `header_limit` the limit Beast was given:
+/// header_limit → 414 when the request line alone does not fit, else 431; body_limit → 413;
+/// bad_version → 505 for a well-formed `HTTP/x.y` token of another version, 400 otherwise
+/// (bare LF, space in the target); everything else → 400.
+unsigned status_for_head_error(const boost::system::error_code& ec, std::string_view consumed,
+                               std::string_view pending, std::size_t header_limit) noexcept;
+
+/// Bytes of empty lines (CRLF only) before a request line, which a server SHOULD ignore
+/// (RFC 9112 §2.2, hardening D12); Beast refuses them as a bad method.
+std::size_t leading_empty_lines(std::string_view pending) noexcept;
+
+/// Whether ingressd forwards requests with this method (case-sensitive).
+bool forwarded_method(std::string_view method) noexcept;
+
+/// What the session would do with `bytes` arriving on a fresh connection, without any I/O: the
+/// head is parsed with Beast (guarded_parser, `header_limit`), leading empty lines skipped,
+/// then check_request_head(); an accepted head's body is parsed too (`body_limit`).
+/// For unit tests and fuzzing.
+struct evaluation {
+  unsigned status = 0;          ///< 0 = accepted (so far); else the refusal status
+  bool head_complete = false;   ///< the head was complete (accepted or refused by our checks)
+  bool complete = false;        ///< the whole request (head and body) was complete and accepted
+  std::size_t consumed = 0;     ///< bytes used by the request (leading empty lines included)
+  std::string_view why;
+};
+evaluation evaluate_request(std::string_view bytes, std::size_t header_limit = 64 * 1024,
+                            std::uint64_t body_limit = 1024 * 1024);
+
+}  // namespace ingressd::http

@@ -1,0 +1,31 @@
+#pragma once
+// The /metrics body (contract §6): sums every worker's blocks and renders all ingressd_ families
+// in Prometheus text format. Runs on the admin thread; never touches worker-owned state other
+// than through single-writer counters and worker_metrics::visit.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ingressd/metrics/request_metrics.hpp"
+#include "ingressd/topology/snapshot.hpp"
+
+namespace ingressd::metrics {
+
+struct scrape_input {
+  std::vector<const worker_metrics*> workers;
+  std::uint64_t requests_received = 0;   ///< ingressd_requests_received_total
+  std::uint64_t active_connections = 0;  ///< ingressd_active_connections
+  std::uint64_t active_streams = 0;      ///< ingressd_active_streams
+  /// The current topology (replica_up, colocated_ratio); may be null.
+  const topology::snapshot* topology = nullptr;
+  /// Health of a replica by endpoint key; unset = every replica of the topology is up.
+  std::function<bool(const std::string& key)> replica_up;
+  std::uint64_t topology_updates = 0;    ///< ingressd_topology_updates_total
+  std::uint64_t topology_errors = 0;     ///< ingressd_topology_errors_total
+  std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
+};
+
+std::string render(const scrape_input& in);
+
+}  // namespace ingressd::metrics

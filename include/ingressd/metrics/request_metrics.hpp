@@ -1,0 +1,131 @@
+#pragma once
+// Per-worker request metrics (contract §6). Every worker owns one `worker_metrics`: a block of
+// counters and histograms per application, written only by that worker's thread, and read by the
+// admin thread on scrape (summed over workers). Nothing on the request path takes a lock, builds
+// a string or looks up a hash map: a session reaches its app's block through the worker's app
+// table (`app_state::metrics`, parallel to the snapshot's apps), counts status codes through a
+// fixed per-block slot table, and a router by its index in the app's router pool.
+//
+// Blocks are per app *name*: a topology change keeps the block (and its counts) of every app
+// whose name stays, so counters never go back. Blocks of apps that leave the topology are kept
+// too (their series stay on /metrics with their last values); the label set stays bounded by the
+// app names the topology ever had. Router slots follow the app's current router pool (counts of
+// a router that stays in the pool are carried over).
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ingressd/core/reason.hpp"
+#include "ingressd/metrics/counter.hpp"
+#include "ingressd/metrics/histogram.hpp"
+#include "ingressd/topology/snapshot.hpp"
+
+namespace ingressd::metrics {
+
+/// Outcomes of a routing decision (label `outcome` of ingressd_router_latency_seconds, label
+/// `reason` of ingressd_router_failures_total): `ok`, then the four router failure reasons.
+inline constexpr std::size_t router_outcome_count = 5;
+/// 0 for success, 1..4 for router_unreachable, router_non_200, unparseable_replica_id,
+/// unknown_replica_id; any other reason maps to 0 (not a router failure).
+std::size_t router_outcome_index(std::optional<reason> failure) noexcept;
+std::string_view router_outcome_name(std::size_t index) noexcept;
+
+/// Result of one router attempt (label `result` of ingressd_router_attempts_total).
+enum class attempt_result : std::uint8_t { ok, no_reply, non_200 };
+inline constexpr std::size_t attempt_result_count = 3;
+std::string_view to_string(attempt_result r) noexcept;
+
+/// Counts per HTTP status code without a map: a fixed table of slots, filled in first-seen order.
+/// Single writer; readers see a slot once its code is published (release/acquire on `used_`).
+class status_counters {
+ public:
+  static constexpr std::size_t capacity = 32;
+  static constexpr unsigned max_code = 999;
+
+  /// Owning thread only. Codes above 999, and new codes once all slots are taken, go to other().
+  void add(unsigned code) noexcept;
+  /// Any thread: calls f(code, count) for each code seen, in first-seen order.
+  template <class F>
+  void for_each(F&& f) const {
+    const std::size_t n = used_.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i) f(static_cast<unsigned>(codes_[i]), counts_[i].get());
+  }
+  /// Requests whose code found no slot (exposed as code="other").
+  std::uint64_t other() const noexcept { return other_.get(); }
+
+ private:
+  std::array<std::uint8_t, max_code + 1> slot_of_{};  // writer only: slot + 1, 0 = none yet
+  std::array<std::uint16_t, capacity> codes_{};       // published through used_
+  std::array<counter, capacity> counts_;
+  std::atomic<std::size_t> used_{0};
+  counter other_;
+};
+
+/// Attempt counters of one router of an app's pool.
+struct router_slot {
+  router_slot(std::string k, std::string l) : key(std::move(k)), label(std::move(l)) {}
+  const std::string key;    ///< "ip:port"
+  const std::string label;  ///< label `router`: the target's name, or its key when it has none
+  std::array<counter, attempt_result_count> results;
+};
+
+/// Everything counted for one app on one worker.
+struct app_metrics {
+  explicit app_metrics(std::string app_name);
+  app_metrics(const app_metrics&) = delete;
+  app_metrics& operator=(const app_metrics&) = delete;
+
+  const std::string name;  ///< label `app` ("" for requests that matched no app)
+  status_counters codes;   ///< ingressd_requests_total{code}
+  histogram duration;      ///< ingressd_request_duration_seconds
+  histogram first_byte;    ///< ingressd_upstream_first_byte_seconds
+  std::array<histogram, router_outcome_count> router_latency;  ///< by router_outcome_index
+  std::array<counter, router_outcome_count> router_failures;   ///< index 0 unused
+  counter truncations;     ///< ingressd_router_truncations_total
+
+  /// The slot of the router at `pool_index` in the app's current pool (checked against `key`;
+  /// a pool that changed since the caller's snapshot is searched by key). nullptr when the
+  /// router is no longer in the pool. Owning thread only.
+  router_slot* router(std::size_t pool_index, std::string_view key) noexcept;
+  /// Slots of the current router pool, in pool order. Read under worker_metrics::visit.
+  const std::vector<std::unique_ptr<router_slot>>& routers() const { return routers_; }
+
+ private:
+  friend class worker_metrics;
+  std::vector<std::unique_ptr<router_slot>> routers_;
+};
+
+/// The metric blocks of one worker.
+class worker_metrics {
+ public:
+  worker_metrics();
+  worker_metrics(const worker_metrics&) = delete;
+  worker_metrics& operator=(const worker_metrics&) = delete;
+
+  /// Owning thread: makes sure every app of `snap` has a block and that each block's router
+  /// slots follow its app's router pool. Returns the blocks parallel to snap.apps (apps that
+  /// share a name share a block).
+  std::vector<app_metrics*> apply(const topology::snapshot& snap);
+  /// The block of requests that matched no app (label app="").
+  app_metrics& no_app() noexcept { return *blocks_.front(); }
+
+  /// Any thread: calls f(const app_metrics&) for every block, under a lock that apply() also takes.
+  template <class F>
+  void visit(F&& f) const {
+    std::lock_guard lk(mu_);
+    for (const auto& b : blocks_) f(static_cast<const app_metrics&>(*b));
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<app_metrics>> blocks_;  // [0] is the "" block; never shrinks
+};
+
+}  // namespace ingressd::metrics

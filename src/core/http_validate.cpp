@@ -1,0 +1,379 @@
+// Request and response head validation (include/ingressd/http/validate.hpp). Lives in
+// ingressd_base (not with src/http) so that unit tests and fuzz targets can link it alone.
+#include "ingressd/http/validate.hpp"
+
+#include <array>
+#include <optional>
+#include <stdexcept>
+
+#include <boost/asio/buffer.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/string_body.hpp>
+
+#include "ingressd/http/parse_guards.hpp"
+
+namespace ingressd::http {
+
+namespace {
+
+constexpr bool is_digit(unsigned char c) noexcept { return c >= '0' && c <= '9'; }
+constexpr bool is_alpha(unsigned char c) noexcept { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+constexpr bool is_hex(unsigned char c) noexcept {
+  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/// RFC 9110 §5.6.2 tchar.
+constexpr bool is_tchar(unsigned char c) noexcept {
+  if (is_digit(c) || is_alpha(c)) return true;
+  switch (c) {
+    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '-':
+    case '.': case '^': case '_': case '`': case '|': case '~':
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr char lower(char c) noexcept { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; }
+
+bool same(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (lower(a[i]) != lower(b[i])) return false;
+  return true;
+}
+
+std::string_view trim_ows(std::string_view v) noexcept {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
+bool all_digits(std::string_view v) noexcept {
+  if (v.empty()) return false;
+  for (unsigned char c : v)
+    if (!is_digit(c)) return false;
+  return true;
+}
+
+/// Transfer-Encoding of a request: only exactly `chunked` is accepted (RFC 9112 §6.1, §6.3 item
+/// 4, §7.1; hardening A6).
+verdict check_transfer_encoding(std::string_view value) noexcept {
+  std::string_view last;
+  bool chunked_before = false;
+  bool other_before = false;
+  bool first = true;
+  std::string_view rest = value;
+  for (;;) {
+    auto comma = rest.find(',');
+    auto element = trim_ows(rest.substr(0, comma));
+    if (element.empty()) return {400, "empty transfer coding"};
+    if (!first) {
+      // `last` was not the final element.
+      auto name = last.substr(0, last.find_first_of("; \t"));
+      if (same(name, "chunked"))
+        chunked_before = true;
+      else
+        other_before = true;
+    }
+    last = element;
+    first = false;
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  if (!same(last, "chunked")) {
+    auto name = last.substr(0, last.find_first_of("; \t"));
+    if (same(name, "chunked")) return {400, "parameters on the chunked transfer coding"};
+    return {400, "chunked is not the final transfer coding"};
+  }
+  if (chunked_before) return {400, "chunked applied more than once"};
+  if (other_before) return {501, "transfer coding not implemented"};
+  return {};
+}
+
+/// uri-host [ ":" port ] (RFC 9110 §7.2), or empty. A comma (a list of hosts) is refused.
+bool valid_host(std::string_view h) noexcept {
+  if (h.empty()) return true;
+  std::size_t i = 0;
+  if (h[0] == '[') {
+    auto close = h.find(']');
+    if (close == std::string_view::npos || close == 1) return false;
+    for (std::size_t k = 1; k < close; ++k) {
+      unsigned char c = static_cast<unsigned char>(h[k]);
+      if (!is_hex(c) && c != ':' && c != '.') return false;
+    }
+    i = close + 1;
+  } else {
+    for (; i < h.size() && h[i] != ':'; ++i) {
+      unsigned char c = static_cast<unsigned char>(h[i]);
+      if (is_alpha(c) || is_digit(c)) continue;
+      switch (c) {
+        case '-': case '.': case '_': case '~':                        // unreserved
+        case '!': case '$': case '&': case '\'': case '(': case ')':   // sub-delims but ','
+        case '*': case '+': case ';': case '=':
+          continue;
+        case '%':
+          if (i + 2 < h.size() && is_hex(static_cast<unsigned char>(h[i + 1])) &&
+              is_hex(static_cast<unsigned char>(h[i + 2]))) {
+            i += 2;
+            continue;
+          }
+          return false;
+        default:
+          return false;
+      }
+    }
+    if (i == 0) return false;  // ":80"
+  }
+  if (i == h.size()) return true;
+  if (h[i] != ':') return false;
+  auto port = h.substr(i + 1);
+  if (port.size() > 5) return false;
+  for (unsigned char c : port)
+    if (!is_digit(c)) return false;
+  return true;
+}
+
+/// Whether a path segment is `.` or `..`, spelled plainly or with %2e (RFC 3986 §3.3, §6.2.2.2).
+bool dot_segment(std::string_view seg) noexcept {
+  std::size_t dots = 0;
+  for (std::size_t i = 0; i < seg.size();) {
+    if (seg[i] == '.') {
+      ++dots;
+      ++i;
+    } else if (seg[i] == '%' && i + 2 < seg.size() && seg[i + 1] == '2' && lower(seg[i + 2]) == 'e') {
+      ++dots;
+      i += 3;
+    } else {
+      return false;
+    }
+  }
+  return dots == 1 || dots == 2;
+}
+
+/// origin-form only, clean bytes, well-formed percent-encoding and no dot segments in the path
+/// (hardening D3, D4, D6).
+verdict check_target(std::string_view t) noexcept {
+  if (t.empty() || t.front() != '/') return {400, "request-target is not in origin-form"};
+  for (unsigned char c : t) {
+    if (c <= 0x20 || c >= 0x7f) return {400, "invalid character in request-target"};
+    if (c == '#') return {400, "fragment in request-target"};
+  }
+  auto path = t.substr(0, t.find('?'));
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] != '%') continue;
+    if (i + 2 >= path.size() || !is_hex(static_cast<unsigned char>(path[i + 1])) ||
+        !is_hex(static_cast<unsigned char>(path[i + 2])))
+      return {400, "malformed percent-encoding in path"};
+  }
+  std::size_t start = 1;
+  for (;;) {
+    auto slash = path.find('/', start);
+    auto seg = path.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    if (dot_segment(seg)) return {400, "dot segment in path"};
+    if (slash == std::string_view::npos) break;
+    start = slash + 1;
+  }
+  return {};
+}
+
+}  // namespace
+
+bool forwarded_method(std::string_view m) noexcept {
+  static constexpr std::array<std::string_view, 7> forwarded{"GET", "HEAD", "POST", "PUT",
+                                                             "DELETE", "OPTIONS", "PATCH"};
+  for (auto f : forwarded)
+    if (m == f) return true;
+  return false;
+}
+
+verdict check_request_head(std::string_view raw, const bhttp::request_header<>& req) noexcept {
+  // Re-scan the raw head for what the parsed fields no longer show: obs-fold (Beast unfolds
+  // it), repeated Content-Length / Transfer-Encoding / Host lines, the field count. Beast has
+  // already refused most byte-level errors; checking them again costs little and keeps this
+  // function correct on its own (the fuzz target feeds it directly).
+  auto eol = raw.find('\n');
+  if (eol == std::string_view::npos || eol == 0 || raw[eol - 1] != '\r') return {400, "malformed request line"};
+  for (std::size_t i = 0; i + 1 < eol; ++i) {
+    unsigned char c = static_cast<unsigned char>(raw[i]);
+    if (c < 0x20 || c == 0x7f) return {400, "control character in request line"};
+  }
+  std::size_t pos = eol + 1;
+  std::size_t fields = 0, cl_lines = 0, te_lines = 0, host_lines = 0;
+  std::string_view cl_value, te_value, host_value;
+  for (;;) {
+    eol = raw.find('\n', pos);
+    if (eol == std::string_view::npos) return {400, "malformed header section"};
+    if (eol == pos || raw[eol - 1] != '\r') return {400, "bare LF in header section"};
+    auto line = raw.substr(pos, eol - 1 - pos);
+    pos = eol + 1;
+    if (line.empty()) break;
+    if (line.front() == ' ' || line.front() == '\t') return {400, "obs-fold in header section"};
+    for (unsigned char c : line) {
+      if (c == '\r') return {400, "bare CR in header section"};
+      if ((c < 0x20 && c != '\t') || c == 0x7f) return {400, "control character in header field"};
+    }
+    auto colon = line.find(':');
+    if (colon == std::string_view::npos || colon == 0) return {400, "malformed header field"};
+    auto name = line.substr(0, colon);
+    for (unsigned char c : name)
+      if (!is_tchar(c)) return {400, "invalid header field name"};
+    auto value = trim_ows(line.substr(colon + 1));
+    ++fields;
+    if (same(name, "content-length")) {
+      ++cl_lines;
+      cl_value = value;
+    } else if (same(name, "transfer-encoding")) {
+      ++te_lines;
+      te_value = value;
+    } else if (same(name, "host")) {
+      ++host_lines;
+      host_value = value;
+    }
+  }
+  if (pos != raw.size()) return {400, "malformed header section"};
+  if (fields > max_header_fields) return {431, "too many header fields"};
+
+  // Framing (hardening A1-A7).
+  if (cl_lines > 1) return {400, "repeated Content-Length"};
+  if (cl_lines == 1 && !all_digits(cl_value)) return {400, "invalid Content-Length"};
+  verdict te_verdict;
+  if (te_lines > 0) {
+    if (te_lines > 1) return {400, "repeated Transfer-Encoding"};
+    if (cl_lines > 0) return {400, "Content-Length with Transfer-Encoding"};
+    if (req.version() < 11) return {400, "Transfer-Encoding in HTTP/1.0"};
+    te_verdict = check_transfer_encoding(te_value);
+    if (te_verdict.status == 400) return te_verdict;
+  }
+
+  // Host (hardening D5).
+  if (host_lines > 1) return {400, "repeated Host"};
+  if (host_lines == 0 && req.version() >= 11) return {400, "missing Host"};
+  if (host_lines == 1 && !valid_host(host_value)) return {400, "invalid Host"};
+
+  // Target (D3, D4, D6).
+  if (auto v = check_target(req.target()); !v.ok()) return v;
+
+  // Method (D1, D2) and codings we do not implement (A6).
+  if (!forwarded_method(req.method_string())) return {501, "method not implemented"};
+  return te_verdict;
+}
+
+verdict check_response_head(const bhttp::response_header<>& res) noexcept {
+  if (res.count(bhttp::field::content_length) > 1) return {502, "repeated Content-Length from upstream"};
+  if (auto it = res.find(bhttp::field::content_length); it != res.end() && !all_digits(trim_ows(it->value())))
+    return {502, "invalid Content-Length from upstream"};
+  if (res.count(bhttp::field::transfer_encoding) > 1) return {502, "repeated Transfer-Encoding from upstream"};
+  if (auto it = res.find(bhttp::field::transfer_encoding);
+      it != res.end() && !same(trim_ows(it->value()), "chunked"))
+    return {502, "unsupported Transfer-Encoding from upstream"};
+  return {};
+}
+
+unsigned status_for_head_error(const boost::system::error_code& ec, std::string_view consumed,
+                               std::string_view pending, std::size_t header_limit) noexcept {
+  namespace err = bhttp;
+  if (ec == err::error::header_limit || ec == err::error::buffer_overflow) {
+    // The request line alone does not fit: 414 (RFC 9112 §3, hardening B3); else 431 (B1).
+    // Beast consumes the request line as soon as it is complete, before the fields arrive.
+    if (consumed.find('\n') != std::string_view::npos) return 431;
+    auto window = pending.substr(0, header_limit);
+    return window.find('\n') == std::string_view::npos ? 414 : 431;
+  }
+  if (ec == err::error::body_limit) return 413;
+  if (ec == err::error::bad_version) {
+    // Beast says bad_version for any request line that does not end in " HTTP/1.x\r\n": a
+    // space in the target or a bare LF is a syntax error (400); only a well-formed HTTP-version
+    // of another number is an unsupported version (505, hardening D7).
+    auto eol = pending.find('\n');
+    if (eol == std::string_view::npos || eol == 0 || pending[eol - 1] != '\r') return 400;
+    auto line = pending.substr(0, eol - 1);
+    auto sp1 = line.find(' ');
+    auto sp2 = line.rfind(' ');
+    if (sp1 == std::string_view::npos || sp1 == sp2 || line.find(' ', sp1 + 1) != sp2) return 400;
+    auto version = line.substr(sp2 + 1);
+    if (version.size() < 8 || version.substr(0, 5) != "HTTP/") return 400;
+    auto number = version.substr(5);
+    auto dot = number.find('.');
+    if (dot == std::string_view::npos || !all_digits(number.substr(0, dot)) || !all_digits(number.substr(dot + 1)))
+      return 400;
+    return 505;
+  }
+  return 400;
+}
+
+std::size_t leading_empty_lines(std::string_view pending) noexcept {
+  std::size_t n = 0;
+  while (n + 1 < pending.size() && pending[n] == '\r' && pending[n + 1] == '\n') n += 2;
+  return n;
+}
+
+evaluation evaluate_request(std::string_view bytes, std::size_t header_limit, std::uint64_t body_limit) {
+  evaluation ev;
+  std::size_t off = 0;
+  std::optional<guarded_parser<true, bhttp::string_body>> p;
+  for (int attempt = 0;; ++attempt) {
+    p.emplace();
+    p->header_limit(static_cast<std::uint32_t>(header_limit));
+    p->body_limit(body_limit);
+    auto in = bytes.substr(off);
+    boost::system::error_code ec;
+    std::size_t used = 0;
+    try {
+      used = p->put(boost::asio::buffer(in.data(), in.size()), ec);
+    } catch (const std::length_error&) {
+      // Only guarded_parser stands between an over-long field and this; report it loudly.
+      ev.status = 0xdead;
+      ev.why = "parser threw length_error";
+      return ev;
+    }
+    if (ec == bhttp::error::need_more) return ev;
+    if (ec == bhttp::error::bad_method && attempt < 8) {
+      if (auto skip = leading_empty_lines(in); skip > 0) {
+        off += skip;
+        continue;
+      }
+    }
+    if (ec) {
+      ev.status = status_for_head_error(ec, in.substr(0, used), in.substr(used), header_limit);
+      ev.why = "refused by the parser";
+      return ev;
+    }
+    ev.head_complete = true;
+    auto v = check_request_head(in.substr(0, used), p->get());
+    if (!v.ok()) {
+      ev.status = v.status;
+      ev.why = v.why;
+      return ev;
+    }
+    off += used;
+    break;
+  }
+  p->eager(true);
+  while (!p->is_done()) {
+    auto in = bytes.substr(off);
+    boost::system::error_code ec;
+    std::size_t used = 0;
+    try {
+      used = p->put(boost::asio::buffer(in.data(), in.size()), ec);
+    } catch (const std::length_error&) {
+      ev.status = 0xdead;
+      ev.why = "parser threw length_error";
+      return ev;
+    }
+    off += used;
+    if (ec == bhttp::error::need_more) break;
+    if (ec) {
+      // As the session's body_error(): too large → 413, anything else → 400.
+      ev.status = ec == bhttp::error::body_limit ? 413 : 400;
+      ev.why = "refused by the parser (body)";
+      return ev;
+    }
+    if (used == 0) break;
+  }
+  ev.complete = p->is_done();
+  ev.consumed = off;
+  return ev;
+}
+
+}  // namespace ingressd::http

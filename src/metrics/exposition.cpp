@@ -1,0 +1,152 @@
+#include "ingressd/metrics/exposition.hpp"
+
+#include <array>
+#include <map>
+#include <set>
+
+#include "ingressd/metrics/prometheus.hpp"
+
+namespace ingressd::metrics {
+
+namespace {
+
+struct app_sum {
+  app_sum() {
+    for (auto& h : router_latency) h = histogram_data(router_buckets());
+  }
+  std::map<unsigned, std::uint64_t> codes;
+  std::uint64_t other_codes = 0;
+  histogram_data duration{request_buckets()};
+  histogram_data first_byte{request_buckets()};
+  std::array<histogram_data, router_outcome_count> router_latency;
+  std::array<std::uint64_t, router_outcome_count> failures{};
+  std::uint64_t truncations = 0;
+  std::map<std::string, std::array<std::uint64_t, attempt_result_count>> attempts;  // by router label
+  bool routed = false;  ///< the app has a router pool (now)
+};
+
+void add_block(app_sum& s, const app_metrics& b) {
+  b.codes.for_each([&](unsigned code, std::uint64_t n) { s.codes[code] += n; });
+  s.other_codes += b.codes.other();
+  s.duration.add(b.duration);
+  s.first_byte.add(b.first_byte);
+  for (std::size_t i = 0; i < router_outcome_count; ++i) {
+    s.router_latency[i].add(b.router_latency[i]);
+    s.failures[i] += b.router_failures[i].get();
+  }
+  s.truncations += b.truncations.get();
+  for (const auto& r : b.routers()) {
+    auto& a = s.attempts[r->label];
+    for (std::size_t i = 0; i < attempt_result_count; ++i) a[i] += r->results[i].get();
+  }
+  if (!b.routers().empty()) s.routed = true;
+}
+
+}  // namespace
+
+std::string render(const scrape_input& in) {
+  std::map<std::string, app_sum> apps;
+  apps[""];  // requests that matched no app
+  for (const auto* w : in.workers)
+    w->visit([&](const app_metrics& b) { add_block(apps[b.name], b); });
+  if (in.topology)
+    for (const auto& a : in.topology->apps) {
+      auto& s = apps[a.name];
+      if (!a.router_pool.empty()) s.routed = true;
+    }
+  // The "" series appear once something was counted there (no empty app="" series).
+  auto shown = [](const std::string& name, const histogram_data& h) { return !name.empty() || h.count() > 0; };
+
+  text_writer w;
+  w.family("ingressd_requests_received_total", "Requests whose head was read.", "counter");
+  w.sample("ingressd_requests_received_total", {}, in.requests_received);
+
+  w.family("ingressd_requests_total", "Requests answered, by app and HTTP status code (499: the client left first).",
+           "counter");
+  for (const auto& [app, s] : apps) {
+    for (const auto& [code, n] : s.codes) {
+      const auto c = std::to_string(code);
+      w.sample("ingressd_requests_total", {{"app", app}, {"code", c}}, n);
+    }
+    if (s.other_codes) w.sample("ingressd_requests_total", {{"app", app}, {"code", "other"}}, s.other_codes);
+  }
+
+  w.family("ingressd_request_duration_seconds", "Time from the request head to the end of the response.",
+           "histogram");
+  for (const auto& [app, s] : apps)
+    if (shown(app, s.duration)) w.histogram("ingressd_request_duration_seconds", {{"app", app}}, s.duration);
+
+  w.family("ingressd_upstream_first_byte_seconds",
+           "Time from the request sent to the replica to its response headers (TTFT on streams).", "histogram");
+  for (const auto& [app, s] : apps)
+    if (shown(app, s.first_byte)) w.histogram("ingressd_upstream_first_byte_seconds", {{"app", app}}, s.first_byte);
+
+  w.family("ingressd_router_latency_seconds",
+           "Time of the whole routing decision, failovers included, by outcome (ok or the failure reason).",
+           "histogram");
+  for (const auto& [app, s] : apps)
+    for (std::size_t i = 0; i < router_outcome_count; ++i)
+      if (s.router_latency[i].count() > 0 || (i == 0 && s.routed))
+        w.histogram("ingressd_router_latency_seconds", {{"app", app}, {"outcome", router_outcome_name(i)}},
+                    s.router_latency[i]);
+
+  w.family("ingressd_router_attempts_total",
+           "Router calls by router and result (ok: 200 reply, no_reply: none in time, non_200: other status).",
+           "counter");
+  for (const auto& [app, s] : apps)
+    for (const auto& [router, counts] : s.attempts)
+      for (std::size_t i = 0; i < attempt_result_count; ++i)
+        w.sample("ingressd_router_attempts_total",
+                 {{"app", app}, {"router", router}, {"result", to_string(static_cast<attempt_result>(i))}}, counts[i]);
+
+  w.family("ingressd_router_failures_total", "Routing decisions that failed, by reason.", "counter");
+  for (const auto& [app, s] : apps)
+    for (std::size_t i = 1; i < router_outcome_count; ++i)
+      if (s.routed || s.failures[i] > 0)
+        w.sample("ingressd_router_failures_total", {{"app", app}, {"reason", router_outcome_name(i)}}, s.failures[i]);
+
+  w.family("ingressd_router_truncations_total",
+           "Routing decisions whose body copy for the router was cut short at router.body_limit.",
+           "counter");
+  for (const auto& [app, s] : apps)
+    if (s.routed || s.truncations > 0) w.sample("ingressd_router_truncations_total", {{"app", app}}, s.truncations);
+
+  w.family("ingressd_router_colocated_ratio", "Share of the app's router pool that is on this node (1 when all).",
+           "gauge");
+  if (in.topology)
+    for (const auto& a : in.topology->apps) {
+      if (a.router_pool.empty()) continue;
+      std::size_t local = 0;
+      for (const auto& r : a.router_pool) local += r.colocated ? 1 : 0;
+      w.sample("ingressd_router_colocated_ratio", {{"app", a.name}},
+               static_cast<double>(local) / static_cast<double>(a.router_pool.size()));
+    }
+
+  w.family("ingressd_replica_up", "1 when the replica is up (active health checks), else 0.", "gauge");
+  if (in.topology) {
+    std::set<std::pair<std::string_view, std::string_view>> seen;
+    for (const auto& a : in.topology->apps)
+      for (const auto& r : a.replicas) {
+        if (!seen.emplace(a.name, r.name).second) continue;
+        const bool up = !in.replica_up || in.replica_up(r.key);
+        w.sample("ingressd_replica_up", {{"app", a.name}, {"replica", r.name}}, std::uint64_t{up ? 1u : 0u});
+      }
+  }
+
+  w.family("ingressd_active_connections", "Open client connections.", "gauge");
+  w.sample("ingressd_active_connections", {}, in.active_connections);
+  w.family("ingressd_active_streams", "Responses being relayed.", "gauge");
+  w.sample("ingressd_active_streams", {}, in.active_streams);
+
+  w.family("ingressd_topology_updates_total", "Topology changes applied.", "counter");
+  w.sample("ingressd_topology_updates_total", {}, in.topology_updates);
+  w.family("ingressd_topology_errors_total", "Topology documents or fetches rejected (the last good one stays).",
+           "counter");
+  w.sample("ingressd_topology_errors_total", {}, in.topology_errors);
+  w.family("ingressd_access_log_dropped_total", "Access log lines dropped because the log queue was full.",
+           "counter");
+  w.sample("ingressd_access_log_dropped_total", {}, in.access_log_dropped);
+  return std::move(w).str();
+}
+
+}  // namespace ingressd::metrics

@@ -1,0 +1,136 @@
+// Request accounting of a session: per-app metrics (contract §6) and the access log line. Kept
+// apart from session.cpp, which only marks the points where a request's facts become known.
+#include <charconv>
+
+#include "ingressd/http/message.hpp"
+#include "ingressd/routing/route_table.hpp"
+#include "server/session.hpp"
+
+namespace ingressd::server {
+
+using metrics::termination;
+
+void session::begin_request() {
+  auto& r = rec_;
+  r.active = true;
+  r.probe = false;
+  r.start = clock::now();
+  r.block = nullptr;
+  r.status = 0;
+  r.bytes = 0;
+  r.why.reset();
+  r.term.reset();
+  r.routed = false;
+  r.router_failure.reset();
+  r.router_latency = {};
+  r.retries = 0;
+  r.router.clear();
+  r.router_addr.clear();
+  r.replica.clear();
+  r.replica_addr.clear();
+  r.request_id.clear();
+}
+
+termination session::client_side_end() const {
+  if (aborted_) return termination::shutdown;
+  if (timed_out_ != phase::none) return termination::timeout;
+  return termination::client_abort;
+}
+
+void session::note_response(std::string_view response, bool written) {
+  unsigned status = 0;
+  if (response.size() >= 12) std::from_chars(response.data() + 9, response.data() + 12, status);
+  rec_.status = status;
+  if (!written) {
+    rec_.term = client_side_end();
+    return;
+  }
+  if (auto p = response.find("\r\n\r\n"); p != std::string_view::npos) rec_.bytes += response.size() - (p + 4);
+  if (status == 408 || rec_.why == reason::upstream_timeout) rec_.term = termination::timeout;
+  else if (rec_.why == reason::upstream_error) rec_.term = termination::error;
+}
+
+void session::note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex) {
+  const auto result = !ex.replied        ? metrics::attempt_result::no_reply
+                      : ex.status == 200 ? metrics::attempt_result::ok
+                                         : metrics::attempt_result::non_200;
+  if (rec_.block)
+    if (auto* slot = rec_.block->router(pool_index, ep.key)) slot->results[static_cast<std::size_t>(result)].add();
+  rec_.routed = true;
+  if (logging()) {
+    rec_.router = ep.name.empty() ? ep.key : ep.name;
+    rec_.router_addr = ep.key;
+  }
+}
+
+void session::note_router_outcome(std::optional<reason> failure) {
+  rec_.routed = true;
+  rec_.router_failure = failure;
+  const std::size_t i = metrics::router_outcome_index(failure);
+  if (!rec_.block) return;
+  rec_.block->router_latency[i].observe(rec_.router_latency);
+  if (i != 0) rec_.block->router_failures[i].add();
+}
+
+void session::note_replica(const topology::endpoint& ep, unsigned retries) {
+  rec_.retries = retries;
+  if (logging()) {
+    rec_.replica = ep.name.empty() ? ep.key : ep.name;
+    rec_.replica_addr = ep.key;
+  }
+}
+
+void session::finish_request() {
+  auto& r = rec_;
+  if (!r.active) return;
+  r.active = false;
+  if (r.probe) return;
+  const bool head = parser_ && parser_->is_header_done();
+  if (!head && r.status == 0) return;  // the connection ended before a request: nothing to count
+
+  termination term = termination::ok;
+  if (r.term) term = *r.term;
+  else if (aborted_) term = termination::shutdown;
+  else if (client_gone_ || r.status == 0) term = termination::client_abort;
+  if (r.status == 0 && term == termination::client_abort) r.status = 499;
+
+  const auto elapsed = clock::now() - r.start;
+  auto& block = r.block ? *r.block : w_.metrics().no_app();
+  block.codes.add(r.status);
+  block.duration.observe(elapsed);
+
+  auto* log = w_.shared().access_log;
+  if (!log) return;
+  metrics::access_entry e;
+  e.time = std::chrono::system_clock::now() - std::chrono::duration_cast<std::chrono::system_clock::duration>(elapsed);
+  e.client = peer_;
+  if (head) {
+    const auto& req = parser_->get();
+    e.method = req.method_string();
+    e.path = routing::path_of(req.target());
+    // Answered before an id was chosen (404, 400, ...): the client's id, when usable.
+    if (r.request_id.empty())
+      if (auto it = req.find("x-request-id"); it != req.end() && it->value().size() <= 200 &&
+                                             http::valid_field_value(it->value()))
+        e.request_id = it->value();
+  }
+  e.app = block.name;
+  e.status = r.status;
+  e.bytes = r.bytes;
+  e.duration = elapsed;
+  if (r.routed) {
+    e.router = r.router;
+    e.router_addr = r.router_addr;
+    e.router_latency = r.router_latency;
+    e.router_outcome = metrics::router_outcome_name(metrics::router_outcome_index(r.router_failure));
+  }
+  e.replica = r.replica;
+  e.replica_addr = r.replica_addr;
+  e.retries = r.retries;
+  e.term = term;
+  if (r.why) e.reason = to_string(*r.why);
+  if (!r.request_id.empty()) e.request_id = r.request_id;
+  log->write(e);
+}
+
+}  // namespace ingressd::server
