@@ -130,6 +130,14 @@ void daemon::start() {
   d.control_guard.emplace(d.control.get_executor());
   d.drain_timer.emplace(d.control);
   d.admin->start();
+  {
+    // A topology published before start() is in force before the first connection is accepted.
+    std::lock_guard lk(d.snap_mu);
+    if (d.snap) {
+      auto down = std::make_shared<const down_set>(d.down);
+      for (auto& w : d.workers) w->apply(d.snap, down);
+    }
+  }
   for (auto& w : d.workers) d.threads.emplace_back([w = w.get()] { w->run(); });
   d.control_thread = std::thread([&d] { d.control.run(); });
 }

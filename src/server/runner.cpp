@@ -144,15 +144,6 @@ int run(int argc, const char* const* argv) {
   }
 
   daemon d(cfg);
-  try {
-    d.start();
-  } catch (const std::exception& e) {
-    spdlog::error("cannot start: {}", e.what());
-    return 1;
-  }
-  spdlog::info("ingressd {} listening on {} (admin {}), {} threads, node ip {} ({}), topology {}",
-               INGRESSD_VERSION, cfg->listen.to_string(), cfg->admin_listen.to_string(),
-               cfg->effective_threads(), node.ip, node.how, source);
 
   asio::io_context main_ioc(1);
 
@@ -180,6 +171,15 @@ int run(int argc, const char* const* argv) {
     d.set_topology(std::move(snap));
   };
   if (!cfg->topology.file.empty() || cl.demo) publish(doc);
+  try {
+    d.start();
+  } catch (const std::exception& e) {
+    spdlog::error("cannot start: {}", e.what());
+    return 1;
+  }
+  spdlog::info("ingressd {} listening on {} (admin {}), {} threads, node ip {} ({}), topology {}",
+               INGRESSD_VERSION, cfg->listen.to_string(), cfg->admin_listen.to_string(),
+               cfg->effective_threads(), node.ip, node.how, source);
 
   topology::source_callbacks callbacks{
       [&](topology::document next) { publish(std::move(next)); },

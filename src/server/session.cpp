@@ -163,6 +163,16 @@ unsigned char* session::relay_buffer() {
   return relay_.get();
 }
 
+void session::release_buffers() {
+  parser_.reset();
+  relay_.reset();
+  prebody_.clear();
+  prebody_.shrink_to_fit();
+  buf_.shrink_to_fit();
+  head_.clear();
+  head_.shrink_to_fit();
+}
+
 void session::close_if_idle() {
   close_after_ = true;
   if (idle_) {
@@ -379,6 +389,17 @@ awaitable<session::outcome> session::respond_reason(reason r, bool close, std::s
 awaitable<void> session::run() {
   auto self = shared_from_this();
   while (!aborted_) {
+    if (buf_.size() == 0) {
+      // Idle between requests: hold no buffers (hardening H3) and wait for readability only,
+      // here rather than inside serve_one so that no request frame stays allocated while idle.
+      release_buffers();
+      if (close_after_) break;
+      idle_ = true;
+      arm(w_.cfg().client.keepalive_timeout, phase::idle);
+      auto [ec] = co_await sock_.async_wait(tcp::socket::wait_read, nothrow);
+      idle_ = false;
+      if (ec || close_after_) break;  // idle timeout, drain or error: close quietly
+    }
     const auto o = co_await serve_one();
     finish_request();
     if (o == outcome::close) break;
@@ -391,10 +412,11 @@ awaitable<void> session::run() {
       // closing now would reset the connection and could destroy our response in flight.
       // Read and discard for a bounded time and amount, until the client closes.
       arm(std::chrono::seconds(2), phase::head);
-      std::array<char, 4096> sink;
+      // On the heap: a local array would sit in this frame for the connection's whole life.
+      auto sink = std::make_unique<char[]>(4096);
       std::size_t discarded = 0;
       while (discarded < 1024 * 1024) {
-        auto [ec, n] = co_await sock_.async_read_some(asio::buffer(sink), nothrow);
+        auto [ec, n] = co_await sock_.async_read_some(asio::buffer(sink.get(), 4096), nothrow);
         if (ec) break;
         discarded += n;
       }
@@ -430,23 +452,6 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
 
 awaitable<session::outcome> session::serve_one() {
   const auto& cfg = w_.cfg();
-  if (buf_.size() == 0) {
-    // Idle between requests: hold no buffers (hardening H3), wait for readability only.
-    parser_.reset();
-    relay_.reset();
-    prebody_.clear();
-    prebody_.shrink_to_fit();
-    buf_.shrink_to_fit();
-    head_.clear();
-    head_.shrink_to_fit();
-    if (close_after_) co_return outcome::close;
-    idle_ = true;
-    arm(cfg.client.keepalive_timeout, phase::idle);
-    auto [ec] = co_await sock_.async_wait(tcp::socket::wait_read, nothrow);
-    idle_ = false;
-    if (ec || close_after_) co_return outcome::close;  // idle timeout, drain or error: quietly
-  }
-
   begin_request();
   arm(cfg.client.header_timeout, phase::head);
   head_.clear();

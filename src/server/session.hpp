@@ -85,6 +85,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   awaitable<void> stop_watch();
 
   void hard_close(tcp::socket& s);
+  void release_buffers();
   unsigned char* relay_buffer();
 
   // Request accounting (metrics and access log, src/server/session_record.cpp). A record starts

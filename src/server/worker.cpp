@@ -1,5 +1,6 @@
 #include "server/worker.hpp"
 
+#include <malloc.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -119,6 +120,14 @@ awaitable<void> worker::sweep_loop() {
     auto [ec] = co_await t.async_wait(nothrow);
     if (stopping_) break;
     pool_.sweep(std::chrono::steady_clock::now(), pool_max_idle);
+    // After a burst of connections has gone, hand the freed heap back to the kernel: glibc
+    // keeps it otherwise, and the idle process stays at its peak RSS.
+    const auto open = stats_.active_connections.get();
+    peak_connections_ = std::max(peak_connections_, open);
+    if (peak_connections_ >= open + 1000 && open < peak_connections_ / 2) {
+      ::malloc_trim(0);
+      peak_connections_ = open;
+    }
   }
 }
 

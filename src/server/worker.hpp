@@ -130,6 +130,7 @@ class worker {
   metrics::worker_metrics metrics_;
   std::mt19937_64 rng_;
   bool stopping_ = false;
+  std::uint64_t peak_connections_ = 0;  // for returning memory after a burst (sweep_loop)
   asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop
   boost::intrusive::list<session, boost::intrusive::base_hook<session_hook>,
                          boost::intrusive::constant_time_size<false>> sessions_;
