@@ -217,7 +217,7 @@ awaitable<error_code> session::read_prebody(std::size_t cap) {
     body.data = prebody_.data() + old;
     body.size = room;
     arm(cfg.client.body_timeout, phase::body);
-    http::bounded_buffer in(buf_, cfg.client.max_header_bytes);  // chunk lines, trailers (A10, A11)
+    http::bounded_buffer in(buf_, http::body_read_cap(cfg.client.max_header_bytes));  // A10, A11
     auto [ec, n] = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
     if (ec == bhttp::error::need_buffer) ec = {};
     prebody_.resize(old + room - body.size);
@@ -584,6 +584,12 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
         if (!parser_->is_done()) rec_.block->truncations.add();
         std::tie(reply, failure) = co_await ask_routers(snap, app_index, request_id, prebody_, total);
       }
+    } else if (const auto cl = parser_->content_length();
+               parser_->is_done() || (!chunked_in && cl && *cl <= prebody_cap && buf_.size() >= *cl)) {
+      // The whole body arrived with the head (the common LLM request): take it from the buffer
+      // (no I/O) and ask the router; nothing is left to overlap with.
+      body_ec = co_await read_prebody(prebody_cap);
+      if (!body_ec) std::tie(reply, failure) = co_await ask_routers(snap, app_index, request_id, {}, std::nullopt);
     } else {
       // The router call starts now; the body keeps arriving meanwhile (bounded by prebody_cap).
       using namespace asio::experimental::awaitable_operators;
@@ -754,7 +760,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
         body.data = relay;
         body.size = relay_size;
         arm(cfg.client.body_timeout, phase::body);
-        http::bounded_buffer in(buf_, cfg.client.max_header_bytes);  // chunk lines, trailers (A10, A11)
+        http::bounded_buffer in(buf_, http::body_read_cap(cfg.client.max_header_bytes));  // A10, A11
         auto [ec, n] = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
         if (ec == bhttp::error::need_buffer) ec = {};
         got = relay_size - body.size;
@@ -865,6 +871,9 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   bool head_sent = false;
   bool upstream_ok = true;
   while (!head_sent || !rp->is_done()) {
+    // The watch may have seen the client leave while no upstream read was pending to cancel
+    // (the head and the client's EOF arrived together): stop relaying now (hardening G1).
+    if (client_gone_) break;
     std::size_t got = 0;
     error_code read_ec;
     if (!rp->is_done()) {

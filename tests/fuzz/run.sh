@@ -51,7 +51,8 @@ for t in request topology config; do
   extra=()
   [ "$t" = request ] && extra=(-dict="$root/tests/fuzz/http.dict")
   echo "=== ${t}_fuzz: ${secs}s"
-  if ! "$bin" "${extra[@]}" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  # `timeout` is a backstop: libFuzzer stops itself after max_total_time, or on a finding.
+  if ! timeout -k 10 $((secs + 120)) "$bin" "${extra[@]}" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$build/artifacts/${t}-" "$work" "$root/tests/fuzz/corpus/$t" 2>"$build/${t}_fuzz.log"; then
     failed+=("$t")
     tail -40 "$build/${t}_fuzz.log" >&2

@@ -90,6 +90,12 @@ class bounded_buffer {
   std::string* record_;
 };
 
+/// The cap for body reads: chunk-size lines and trailers get the header limit, but never less
+/// than one 64 KiB read, so that a small header limit does not shrink body reads.
+inline std::size_t body_read_cap(std::size_t header_limit) noexcept {
+  return std::max<std::size_t>(header_limit, 64 * 1024);
+}
+
 /// The bytes of a flat_buffer that have not been consumed yet, as text.
 inline std::string_view pending(const boost::beast::flat_buffer& b) noexcept {
   auto d = b.data();
