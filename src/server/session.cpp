@@ -58,7 +58,7 @@ struct stream_guard {
 }  // namespace
 
 session::session(worker& w, tcp::socket sock)
-    : w_(w), sock_(std::move(sock)), timer_(w.ioc()), watch_done_(w.ioc()) {
+    : w_(w), sock_(std::move(sock)), timer_(w.ioc()) {
   error_code ec;
   auto ep = sock_.remote_endpoint(ec);
   if (!ec) peer_ = ep.address().to_string();
@@ -137,7 +137,7 @@ void session::on_watch(error_code ec, std::size_t n) {
     if (up_) up_->sock.cancel(ignored);
   }
   watching_ = false;
-  watch_done_.cancel();
+  if (watch_done_) watch_done_->cancel();
 }
 
 awaitable<void> session::stop_watch() {
@@ -145,8 +145,9 @@ awaitable<void> session::stop_watch() {
   watch_stop_ = true;
   error_code ignored;
   sock_.cancel(ignored);
-  watch_done_.expires_at(clock::time_point::max());
-  co_await watch_done_.async_wait(nothrow);
+  if (!watch_done_) watch_done_.emplace(w_.ioc());
+  watch_done_->expires_at(clock::time_point::max());
+  co_await watch_done_->async_wait(nothrow);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -456,7 +457,7 @@ awaitable<session::outcome> session::serve_one() {
   arm(cfg.client.header_timeout, phase::head);
   head_.clear();
   for (int skips = 0;; ++skips) {
-    parser_.emplace();
+    parser_ = std::make_unique<request_parser>();
     parser_->header_limit(static_cast<std::uint32_t>(cfg.client.max_header_bytes));
     parser_->body_limit(cfg.client.max_body_bytes);
     // The raw head lands in head_ as Beast consumes it, for http::check_request_head below.

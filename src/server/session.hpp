@@ -123,9 +123,9 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   worker& w_;
   tcp::socket sock_;
   boost::beast::flat_buffer buf_;
-  std::optional<request_parser> parser_;
+  std::unique_ptr<request_parser> parser_;  // on the heap: an idle connection holds none
   asio::steady_timer timer_;
-  asio::steady_timer watch_done_;
+  std::optional<asio::steady_timer> watch_done_;  // made on the first stop_watch that waits
   clock::time_point deadline_ = clock::time_point::max();
   std::string peer_;
   std::string head_;  // scratch for serialising heads
