@@ -23,6 +23,25 @@ hop_filter::hop_filter(const bhttp::fields& f) {
   if (it != f.end()) connection_ = it->value();
 }
 
+bool hop_filter::skip(bhttp::field f, std::string_view name) const noexcept {
+  // Beast has already mapped known names to an enum while parsing: a switch instead of eight
+  // case-insensitive compares per header on the hot path.
+  switch (f) {
+    case bhttp::field::unknown:
+      return skip(name);
+    case bhttp::field::connection:
+    case bhttp::field::keep_alive:
+    case bhttp::field::proxy_connection:
+    case bhttp::field::te:
+    case bhttp::field::transfer_encoding:
+    case bhttp::field::upgrade:
+    case bhttp::field::content_length:
+      return true;
+    default:
+      return !connection_.empty() && skip(name);
+  }
+}
+
 bool hop_filter::skip(std::string_view name) const noexcept {
   static constexpr std::array<std::string_view, 8> fixed{
       "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade",

@@ -703,7 +703,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     bool have_host = false;
     for (const auto& f : req) {
       auto name = f.name_string();
-      if (hop.skip(name)) continue;
+      if (hop.skip(f.name(), name)) continue;
       switch (f.name()) {
         case bhttp::field::expect:
         case bhttp::field::proxy_authorization:
@@ -831,7 +831,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     http::append_status_line(head_, status, 11, rp->get().reason());
     http::hop_filter hop(rp->get());
     for (const auto& f : rp->get())
-      if (!hop.skip(f.name_string())) http::append_field(head_, f.name_string(), f.value());
+      if (!hop.skip(f.name(), f.name_string())) http::append_field(head_, f.name_string(), f.value());
     head_.append("\r\n");
     if (!(co_await write_all(head_))) {
       co_await stop_watch();
@@ -854,7 +854,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   {
     http::hop_filter hop(res);
     for (const auto& f : res)
-      if (!hop.skip(f.name_string())) http::append_field(head_, f.name_string(), f.value());
+      if (!hop.skip(f.name(), f.name_string())) http::append_field(head_, f.name_string(), f.value());
   }
   if (length && (!no_body || head_only))
     http::append_field(head_, "Content-Length", std::to_string(*length));

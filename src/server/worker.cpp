@@ -32,7 +32,7 @@ worker::worker(unsigned index, std::shared_ptr<const config::config> cfg, shared
       cfg_(std::move(cfg)),
       shared_(shared),
       pool_(cfg_->upstream.max_idle_per_replica),
-      rng_(std::random_device{}() ^ (std::uint64_t{index} << 32)) {}
+      id_state_((std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^ index) {}
 
 worker::~worker() {
   // Sockets owned here must go before the io_context they belong to.
@@ -191,21 +191,28 @@ bool worker::healthy() const {
 }
 
 std::string worker::next_request_id() {
-  // UUID version 4 text from this worker's generator: no lock, no syscall.
-  std::uint64_t hi = rng_(), lo = rng_();
+  // UUID version 4 text from this worker's generator (splitmix64 over a random seed): no lock,
+  // no syscall, a few nanoseconds.
+  auto next = [this] {
+    std::uint64_t z = (id_state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  std::uint64_t hi = next(), lo = next();
   hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;
   lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;
   static constexpr char hex[] = "0123456789abcdef";
   std::string out(36, '-');
-  int pos = 0;
-  auto put = [&](std::uint64_t v, int nibbles) {
-    for (int i = nibbles - 1; i >= 0; --i) {
+  std::size_t pos = 0;
+  auto put = [&](std::uint64_t v) {
+    for (int i = 15; i >= 0; --i) {
       if (pos == 8 || pos == 13 || pos == 18 || pos == 23) ++pos;
-      out[static_cast<std::size_t>(pos++)] = hex[(v >> (i * 4)) & 0xf];
+      out[pos++] = hex[(v >> (i * 4)) & 0xf];
     }
   };
-  put(hi, 16);
-  put(lo, 16);
+  put(hi);
+  put(lo);
   return out;
 }
 

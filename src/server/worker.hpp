@@ -128,7 +128,7 @@ class worker {
   routing::router_memory routers_;
   worker_stats stats_;
   metrics::worker_metrics metrics_;
-  std::mt19937_64 rng_;
+  std::uint64_t id_state_;  // request id generator state
   bool stopping_ = false;
   std::uint64_t peak_connections_ = 0;  // for returning memory after a burst (sweep_loop)
   asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop
@@ -136,7 +136,9 @@ class worker {
                          boost::intrusive::constant_time_size<false>> sessions_;
   // Declared last so it is destroyed first: session coroutines still pending at destruction are
   // destroyed while the stats, loads and session list they touch are alive.
-  asio::io_context ioc_{1};
+  // One thread runs it and only that thread touches its sockets: the reactor needs no locks.
+  // Posts from other threads (topology, admin) still go through the scheduler's lock.
+  asio::io_context ioc_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
 };
 
 template <class Skip>

@@ -22,6 +22,8 @@ class hop_filter {
  public:
   explicit hop_filter(const bhttp::fields& f);
   bool skip(std::string_view name) const noexcept;
+  /// The same, using the field enum Beast computed while parsing (fast for known names).
+  bool skip(bhttp::field f, std::string_view name) const noexcept;
 
  private:
   std::string_view connection_;  // raw Connection value; names listed there are skipped too
