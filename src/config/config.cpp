@@ -811,13 +811,26 @@ std::variant<config, config_error> load_file(const std::string& path, config bas
 std::variant<config, config_error> load_yaml(const std::string& text, const std::string& origin,
                                              config base) {
   try {
-    const auto documents = YAML::LoadAll(text);
-    if (documents.size() > 1) {
-      return config_error{origin + ": expected one YAML document, found " + std::to_string(documents.size())};
+    // Not YAML::LoadAll: yaml-cpp 0.7 (Debian 12) loops forever, allocating, on a document that
+    // starts with ',' (jbeder/yaml-cpp#1040); YAML::Load is not affected. A second document is
+    // found by its '---' marker after some content.
+    bool content = false;
+    std::size_t line_no = 0;
+    for (std::size_t pos = 0; pos <= text.size();) {
+      const auto end = std::min(text.find('\n', pos), text.size());
+      std::string_view line(text.data() + pos, end - pos);
+      ++line_no;
+      if (line.starts_with("---") && (line.size() == 3 || line[3] == ' ' || line[3] == '\r')) {
+        if (content) return config_error{origin + ":" + std::to_string(line_no) + ": expected one YAML document"};
+      } else if (auto first = line.find_first_not_of(" \t\r"); first != std::string_view::npos && line[first] != '#') {
+        content = true;
+      }
+      pos = end + 1;
     }
-    if (documents.empty()) return base;
+    const YAML::Node document = YAML::Load(text);
+    if (!document.IsDefined() || document.IsNull()) return base;
     yaml_loader loader{origin, base, {}};
-    if (auto p = loader.load(documents.front())) return config_error{std::move(*p)};
+    if (auto p = loader.load(document)) return config_error{std::move(*p)};
     return base;
   } catch (const YAML::Exception& e) {
     const std::string where =

@@ -36,6 +36,7 @@ bool hop_filter::skip(bhttp::field f, std::string_view name) const noexcept {
     case bhttp::field::transfer_encoding:
     case bhttp::field::upgrade:
     case bhttp::field::content_length:
+    case bhttp::field::http2_settings:
       return true;
     default:
       return !connection_.empty() && skip(name);

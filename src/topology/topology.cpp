@@ -118,6 +118,29 @@ json yaml_scalar(const YAML::Node& node) {
   return s;
 }
 
+/// True when `s` is well-formed UTF-8. JSON text is checked by nlohmann's parser; YAML scalars
+/// are not, and a non-UTF-8 name would later make every JSON dump of the topology throw.
+bool valid_utf8(std::string_view s) noexcept {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    std::uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
+    for (std::size_t k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
 json yaml_to_json(const YAML::Node& node, int depth) {
   if (depth > max_yaml_depth) throw invalid{"invalid YAML: nesting deeper than " + std::to_string(max_yaml_depth)};
   switch (node.Type()) {
@@ -125,6 +148,8 @@ json yaml_to_json(const YAML::Node& node, int depth) {
     case YAML::NodeType::Null:
       return nullptr;
     case YAML::NodeType::Scalar:
+      if (!valid_utf8(node.Scalar()))
+        throw invalid{"invalid YAML: line " + std::to_string(node.Mark().line + 1) + ": text is not UTF-8"};
       return yaml_scalar(node);
     case YAML::NodeType::Sequence: {
       json out = json::array();
@@ -139,6 +164,8 @@ json yaml_to_json(const YAML::Node& node, int depth) {
           throw invalid{"invalid YAML: line " + std::to_string(mark.line + 1) +
                         ": mapping keys must be scalars"};
         }
+        if (!valid_utf8(kv.first.Scalar()))
+          throw invalid{"invalid YAML: line " + std::to_string(kv.first.Mark().line + 1) + ": key is not UTF-8"};
         out[kv.first.Scalar()] = yaml_to_json(kv.second, depth + 1);
       }
       return out;

@@ -625,6 +625,10 @@ TEST(Hardening, E3_upgrade_and_http2_settings_stripped) {
   auto seen = forwarded(e, "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQ\r\n");
   EXPECT_EQ(seen.header_count("upgrade"), 0u);
   EXPECT_EQ(seen.header_count("http2-settings"), 0u);
+  // Also when no Connection header names them.
+  seen = forwarded(e, "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQ\r\n");
+  EXPECT_EQ(seen.header_count("upgrade"), 0u);
+  EXPECT_EQ(seen.header_count("http2-settings"), 0u) << seen.raw;
 }
 
 TEST(Hardening, E4_proxy_authorization_not_forwarded) {
