@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian 12 machine to a passing test suite: installs dependencies,
 # builds and runs the unit and integration tests (release build), then the same suite under
-# ASan+UBSan and TSan. Set INGRESSD_QUICK=1 to skip the sanitizer builds.
+# ASan+UBSan and TSan, then a short libFuzzer run of every fuzz target over its seed corpus
+# (clang). Set INGRESSD_QUICK=1 to skip the sanitizer builds and the fuzz run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -18,5 +19,8 @@ run_suite release
 if [ "${INGRESSD_QUICK:-0}" != 1 ]; then
   run_suite asan
   run_suite tsan
+  echo "=== fuzz: 15 s per target"
+  scripts/deps.sh clang libclang-rt-14-dev
+  JOBS="$jobs" tests/fuzz/run.sh 15
 fi
 echo "=== all suites passed"

@@ -1,4 +1,5 @@
 // Active replica health checks: the fall/rise state machine and the per-target probe loops.
+#include "ingressd/core/scope.hpp"
 #include "ingressd/health/checker.hpp"
 
 #include <algorithm>
@@ -76,14 +77,6 @@ struct target_state {
   }
 };
 
-template <class T>
-struct registration {
-  T*& slot;
-  registration(T*& s, T& obj) : slot(s) { slot = &obj; }
-  ~registration() { slot = nullptr; }
-  registration(const registration&) = delete;
-  registration& operator=(const registration&) = delete;
-};
 
 std::string host_header(const tcp::endpoint& ep) {
   const auto addr = ep.address();

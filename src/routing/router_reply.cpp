@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ingressd/core/text.hpp"
+
 namespace ingressd::routing {
 
 bool is_token(std::string_view name) noexcept {
@@ -21,16 +23,6 @@ bool is_token(std::string_view name) noexcept {
 
 namespace {
 
-bool iequal(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x + 32);
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y + 32);
-    if (x != y) return false;
-  }
-  return true;
-}
 
 /// Headers the proxy owns on the forwarded request: framing and hop-by-hop fields, and the ones
 /// it sets itself. A router may not set these (a second Content-Length would be a smuggling
@@ -40,7 +32,7 @@ bool reserved(std::string_view name) noexcept {
       "host", "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection",
       "te", "upgrade", "expect", "trailer", "x-request-id", "x-forwarded-for", "x-forwarded-proto"};
   for (auto n : names)
-    if (iequal(n, name)) return true;
+    if (iequals(n, name)) return true;
   return false;
 }
 

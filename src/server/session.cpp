@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ingressd/core/scope.hpp"
 #include "ingressd/http/message.hpp"
 #include "ingressd/http/validate.hpp"
 #include "ingressd/routing/route_table.hpp"
@@ -688,11 +689,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     break;
   }
   note_replica(*ep, connect_failures);
-  up_ = conn.get();
-  struct up_reset {
-    upstream::connection*& p;
-    ~up_reset() { p = nullptr; }
-  } reset_up{up_};
+  registration<upstream::connection> current_upstream(up_, *conn);
 
   // Request head, re-framed (contract §4.4).
   head_.clear();

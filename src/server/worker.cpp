@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ingressd/core/scope.hpp"
 #include "server/session.hpp"
 
 namespace ingressd::server {
@@ -110,11 +111,7 @@ awaitable<void> worker::sweep_loop() {
   // Dead pooled connections (peer closed) are found and closed here so that they do not sit
   // in CLOSE_WAIT until their next use.
   asio::steady_timer t(ioc_);
-  sweep_timer_ = &t;
-  struct clear_ptr {
-    asio::steady_timer*& p;
-    ~clear_ptr() { p = nullptr; }
-  } clear{sweep_timer_};
+  registration<asio::steady_timer> reg(sweep_timer_, t);
   while (!stopping_) {
     t.expires_after(std::chrono::seconds(1));
     auto [ec] = co_await t.async_wait(nothrow);

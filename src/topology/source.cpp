@@ -1,4 +1,5 @@
 // Topology sources: file polling and HTTP polling (topology URL / Ray dashboard).
+#include "ingressd/core/scope.hpp"
 #include "ingressd/topology/source.hpp"
 
 #include <sys/stat.h>
@@ -141,14 +142,6 @@ std::optional<std::string> local_address_towards(const std::string& host, std::u
 
 namespace {
 
-template <class T>
-struct registration {
-  T*& slot;
-  registration(T*& s, T& obj) : slot(s) { slot = &obj; }
-  ~registration() { slot = nullptr; }
-  registration(const registration&) = delete;
-  registration& operator=(const registration&) = delete;
-};
 
 void log_exception(const char* what, std::exception_ptr e) {
   if (!e) return;

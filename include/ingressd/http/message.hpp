@@ -10,6 +10,7 @@
 #include <boost/beast/http/verb.hpp>
 
 #include "ingressd/core/reason.hpp"
+#include "ingressd/core/text.hpp"
 
 namespace ingressd::http {
 
@@ -49,8 +50,7 @@ std::string make_response(unsigned status, std::string_view content_type, std::s
 std::string make_reason_response(reason r, bool close, unsigned version, bool head_only,
                                  std::string_view path = {});
 
-/// Lowercase ASCII compare.
-bool iequals(std::string_view a, std::string_view b) noexcept;
+using ingressd::iequals;
 
 /// Chunk framing: "<hex>\r\n" for a chunk of `n` bytes, written into `out` (>= 18 bytes).
 std::size_t chunk_header(char* out, std::size_t n) noexcept;
