@@ -143,6 +143,11 @@ std::string render(const scrape_input& in) {
   w.family("ingressd_topology_errors_total", "Topology documents or fetches rejected (the last good one stays).",
            "counter");
   w.sample("ingressd_topology_errors_total", {}, in.topology_errors);
+  w.family("ingressd_config_reloads_total", "SIGHUP reloads applied.", "counter");
+  w.sample("ingressd_config_reloads_total", {}, in.config_reloads);
+  w.family("ingressd_config_reload_errors_total", "SIGHUP reloads rejected (the running config stays).",
+           "counter");
+  w.sample("ingressd_config_reload_errors_total", {}, in.config_errors);
   w.family("ingressd_access_log_dropped_total", "Access log lines dropped because the log queue was full.",
            "counter");
   w.sample("ingressd_access_log_dropped_total", {}, in.access_log_dropped);

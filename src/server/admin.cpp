@@ -103,6 +103,8 @@ std::string admin_server::metrics_text() const {
   if (h_.shared) {
     in.topology_updates = h_.shared->topology_updates.load(std::memory_order_relaxed);
     in.topology_errors = h_.shared->topology_errors.load(std::memory_order_relaxed);
+    in.config_reloads = h_.shared->config_reloads.load(std::memory_order_relaxed);
+    in.config_errors = h_.shared->config_errors.load(std::memory_order_relaxed);
     if (h_.shared->access_log) in.access_log_dropped = h_.shared->access_log->dropped();
   }
   return metrics::render(in);

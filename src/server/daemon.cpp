@@ -188,6 +188,22 @@ bool daemon::reopen_access_log() {
   return false;
 }
 
+std::optional<std::string> daemon::reload(std::shared_ptr<const config::config> next) {
+  auto& d = *impl_;
+  const auto& cur = *d.cfg;
+  // Listener sockets and worker threads stay as they are across a reload.
+  if (next->listen != cur.listen) return "listen cannot change without a restart";
+  if (next->admin_listen != cur.admin_listen) return "admin_listen cannot change without a restart";
+  if (next->effective_threads() != cur.effective_threads()) return "threads cannot change without a restart";
+  for (auto& w : d.workers) asio::post(w->ioc(), [w = w.get(), next] { w->apply_config(next); });
+  // The drain sequence reads the config on the control thread.
+  asio::post(d.control, [&d, next] { d.cfg = next; });
+  d.shared.config_reloads.fetch_add(1, std::memory_order_relaxed);
+  return std::nullopt;
+}
+
+void daemon::count_config_error() { impl_->shared.config_errors.fetch_add(1, std::memory_order_relaxed); }
+
 void daemon::count_topology_error() { impl_->shared.topology_errors.fetch_add(1, std::memory_order_relaxed); }
 
 std::shared_ptr<const topology::snapshot> daemon::current_topology() const {

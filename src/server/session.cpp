@@ -59,7 +59,7 @@ struct stream_guard {
 }  // namespace
 
 session::session(worker& w, tcp::socket sock)
-    : w_(w), sock_(std::move(sock)), timer_(w.ioc()) {
+    : w_(w), cfg_(w.cfg_ptr()), sock_(std::move(sock)), timer_(w.ioc()) {
   error_code ec;
   auto ep = sock_.remote_endpoint(ec);
   if (!ec) peer_ = ep.address().to_string();
@@ -124,7 +124,7 @@ void session::on_watch(error_code ec, std::size_t n) {
   if (!ec) {
     // Pipelined bytes: keep them for the next request and watch on, up to the header limit.
     buf_.commit(n);
-    if (!watch_stop_ && buf_.size() < w_.cfg().client.max_header_bytes) {
+    if (!watch_stop_ && buf_.size() < cfg().client.max_header_bytes) {
       sock_.async_read_some(buf_.prepare(1024), [self = shared_from_this()](error_code e, std::size_t m) {
         self->on_watch(e, m);
       });
@@ -193,7 +193,7 @@ void session::abort() {
 }
 
 bool session::method_routed(std::string_view method) const {
-  for (const auto& m : w_.cfg().router.methods)
+  for (const auto& m : cfg().router.methods)
     if (m == method) return true;
   return false;
 }
@@ -210,7 +210,7 @@ awaitable<session::outcome> session::body_error(error_code ec) {
 }
 
 awaitable<error_code> session::read_prebody(std::size_t cap) {
-  const auto& cfg = w_.cfg();
+  const auto& cfg = this->cfg();
   while (!parser_->is_done() && prebody_.size() < cap) {
     const std::size_t old = prebody_.size();
     const std::size_t room = std::min(cap - old, relay_size);
@@ -289,7 +289,7 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
 awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_routers(
     std::shared_ptr<const topology::snapshot> snap, std::size_t app_index, std::string request_id,
     std::string body, std::optional<std::uint64_t> truncated_total) {
-  const auto& cfg = w_.cfg();
+  const auto& cfg = this->cfg();
   struct latency_mark {  // the whole decision, failovers included (ingressd_router_latency_seconds)
     session& s;
     clock::time_point t0 = clock::now();
@@ -374,7 +374,7 @@ awaitable<bool> session::write_all(std::string_view data) {
 }
 
 awaitable<session::outcome> session::respond(std::string response, bool close) {
-  arm(w_.cfg().client.header_timeout, phase::head);
+  arm(cfg().client.header_timeout, phase::head);
   bool ok = co_await write_all(response);
   note_response(response, ok);
   co_return (ok && !close) ? outcome::keep_alive : outcome::close;
@@ -402,6 +402,8 @@ awaitable<void> session::run() {
       idle_ = false;
       if (ec || close_after_) break;  // idle timeout, drain or error: close quietly
     }
+    // The request runs with the config in force when it started, even across a SIGHUP reload.
+    cfg_ = w_.cfg_ptr();
     const auto o = co_await serve_one();
     finish_request();
     if (o == outcome::close) break;
@@ -453,7 +455,7 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
 }
 
 awaitable<session::outcome> session::serve_one() {
-  const auto& cfg = w_.cfg();
+  const auto& cfg = this->cfg();
   begin_request();
   arm(cfg.client.header_timeout, phase::head);
   head_.clear();
@@ -532,7 +534,7 @@ awaitable<session::outcome> session::serve_one() {
 }
 
 awaitable<session::outcome> session::proxy(std::size_t app_index, std::string target) {
-  const auto& cfg = w_.cfg();
+  const auto& cfg = this->cfg();
   auto& req = parser_->get();
   const bool head_only = req.method() == bhttp::verb::head;
   bool close = !parser_->keep_alive() || close_after_;

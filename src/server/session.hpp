@@ -120,7 +120,10 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// A write to the client failed or a stream ended early: how, from the timers and flags.
   metrics::termination client_side_end() const;
 
+  const config::config& cfg() const { return *cfg_; }
+
   worker& w_;
+  std::shared_ptr<const config::config> cfg_;  // of the current request (SIGHUP-safe)
   tcp::socket sock_;
   boost::beast::flat_buffer buf_;
   std::unique_ptr<request_parser> parser_;  // on the heap: an idle connection holds none

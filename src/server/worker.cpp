@@ -130,6 +130,11 @@ awaitable<void> worker::sweep_loop() {
 
 void worker::add_session(session& s) { sessions_.push_back(s); }
 
+void worker::apply_config(std::shared_ptr<const config::config> next) {
+  pool_.set_max_idle(next->upstream.max_idle_per_replica);
+  cfg_ = std::move(next);
+}
+
 void worker::set_health(const std::string& key, bool up) {
   if (auto it = loads_.find(key); it != loads_.end()) it->second.healthy = up;
 }

@@ -33,6 +33,8 @@ struct shared_state {
   std::atomic<std::uint64_t> connections{0};  ///< open client connections, all workers
   std::atomic<std::uint64_t> topology_updates{0};  ///< ingressd_topology_updates_total
   std::atomic<std::uint64_t> topology_errors{0};   ///< ingressd_topology_errors_total
+  std::atomic<std::uint64_t> config_reloads{0};    ///< ingressd_config_reloads_total
+  std::atomic<std::uint64_t> config_errors{0};     ///< ingressd_config_reload_errors_total
   /// The access log, or null when off. Set before the workers start; thread-safe.
   metrics::access_log* access_log = nullptr;
 };
@@ -91,6 +93,10 @@ class worker {
 
   // --- Used by sessions (same thread) ---
   const config::config& cfg() const { return *cfg_; }
+  /// The config new requests start with; a request keeps the one it started with (SIGHUP).
+  const std::shared_ptr<const config::config>& cfg_ptr() const { return cfg_; }
+  /// SIGHUP: new requests use `next` (listen address and thread count are unchanged).
+  void apply_config(std::shared_ptr<const config::config> next);
   const topology::snapshot* snap() const { return snap_.get(); }
   const std::shared_ptr<const topology::snapshot>& snapshot_ptr() const { return snap_; }
   app_state& app(std::size_t i) { return apps_[i]; }

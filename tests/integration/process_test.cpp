@@ -203,5 +203,44 @@ TEST_F(Process, SigtermFailsHealthzAtOnceLetsStreamsFinishAndExitsZero) {
   EXPECT_EQ(p->wait(5s), 0) << p->output();
 }
 
+TEST_F(Process, SighupAppliesAValidConfigAndKeepsTheRunningOneOnError) {
+  demo::replica_server a({.name = "replica-a"});
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a)}).build()));
+  auto p = start("client:\n  max_header_bytes: 64KiB\n");
+  const std::string big(3000, 'x');
+  auto status_with_big_header = [&] {
+    return http_get("127.0.0.1", port_, "/x", {{"x-big", big}}, 5s).status;
+  };
+  ASSERT_EQ(status_with_big_header(), 200u);
+  auto metric = [&](const std::string& name) {
+    auto body = http_get("127.0.0.1", admin_, "/metrics", {}, 2s).body;
+    auto pos = body.find("\n" + name + " ");
+    return pos == std::string::npos ? -1 : std::stol(body.substr(pos + name.size() + 2));
+  };
+
+  // A valid change applies to new requests, without a restart or new sockets.
+  write("ingressd.yaml", "drain:\n  min_period: 0s\n  timeout: 2s\nclient:\n  max_header_bytes: 2KiB\n");
+  p->signal(SIGHUP);
+  auto deadline = clock_type::now() + 3s;
+  unsigned status = 0;
+  while (clock_type::now() < deadline && (status = status_with_big_header()) != 431) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(status, 431u);
+  EXPECT_EQ(metric("ingressd_config_reloads_total"), 1);
+
+  // An invalid file is rejected whole: counted, logged, and the running config stays.
+  write("ingressd.yaml", "client:\n  max_header_bytes: lots\n");
+  p->signal(SIGHUP);
+  deadline = clock_type::now() + 3s;
+  while (clock_type::now() < deadline && metric("ingressd_config_reload_errors_total") < 1)
+    std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(metric("ingressd_config_reload_errors_total"), 1);
+  EXPECT_EQ(status_with_big_header(), 431u);
+  EXPECT_EQ(http_get("127.0.0.1", port_, "/x", {}, 5s).status, 200u);
+
+  EXPECT_NE(p->output().find("config rejected"), std::string::npos);
+  p->signal(SIGTERM);
+  EXPECT_EQ(p->wait(5s), 0);
+}
+
 }  // namespace
 }  // namespace ingressd::testing

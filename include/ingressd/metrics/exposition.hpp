@@ -23,6 +23,8 @@ struct scrape_input {
   std::function<bool(const std::string& key)> replica_up;
   std::uint64_t topology_updates = 0;    ///< ingressd_topology_updates_total
   std::uint64_t topology_errors = 0;     ///< ingressd_topology_errors_total
+  std::uint64_t config_reloads = 0;      ///< ingressd_config_reloads_total
+  std::uint64_t config_errors = 0;       ///< ingressd_config_reload_errors_total
   std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
 };
 

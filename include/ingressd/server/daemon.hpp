@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -32,6 +33,12 @@ class daemon {
   /// Active health checks marked replica `key` ("ip:port") up or down; workers stop choosing a
   /// down replica (a router-pinned one falls through to a healthy one).
   void set_replica_health(const std::string& key, bool up);
+  /// SIGHUP (contract §2): applies a validated config to new requests; requests already running
+  /// keep theirs. Listeners keep their sockets. Returns an error message, and changes nothing,
+  /// when the new config changes what needs a restart (listen, admin_listen, threads).
+  std::optional<std::string> reload(std::shared_ptr<const config::config> next);
+  /// Counts a config file rejected on SIGHUP (ingressd_config_reload_errors_total).
+  void count_config_error();
   /// Counts a rejected topology document or failed fetch (ingressd_topology_errors_total).
   void count_topology_error();
   /// SIGUSR1 (logrotate): reopens the access log file at its path. False (logged; the old file
