@@ -13,6 +13,7 @@
 #include <boost/asio/post.hpp>
 #include <gtest/gtest.h>
 
+#include "fakes/io_thread.hpp"
 #include "ingressd/demo/replica_server.hpp"
 #include "ingressd/health/checker.hpp"
 
@@ -22,35 +23,7 @@ namespace {
 using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 
-class io_thread {
- public:
-  io_thread() : work_(asio::make_work_guard(ioc_)), thread_([this] {
-    ioc_.run();
-    done_.set_value();
-  }) {}
-  ~io_thread() {
-    ioc_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  asio::io_context& ioc() { return ioc_; }
-  bool sync(steady::duration timeout = 2s) {
-    std::promise<void> p;
-    auto f = p.get_future();
-    asio::post(ioc_, [&p] { p.set_value(); });
-    return f.wait_for(timeout) == std::future_status::ready;
-  }
-  bool drains_within(steady::duration timeout) {
-    work_.reset();
-    return finished_.wait_for(timeout) == std::future_status::ready;
-  }
-
- private:
-  asio::io_context ioc_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
-  std::promise<void> done_;
-  std::future<void> finished_ = done_.get_future();
-  std::thread thread_;
-};
+using ingressd::testing::io_thread;
 
 class transitions {
  public:

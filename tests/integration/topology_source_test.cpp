@@ -19,6 +19,7 @@
 #include <boost/asio/post.hpp>
 #include <gtest/gtest.h>
 
+#include "fakes/io_thread.hpp"
 #include "fakes/fake_dashboard.hpp"
 #include "ingressd/topology/source.hpp"
 
@@ -29,39 +30,7 @@ using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-/// An io_context on its own thread, as the daemon's control thread.
-class io_thread {
- public:
-  io_thread() : work_(asio::make_work_guard(ioc_)), thread_([this] {
-    ioc_.run();
-    done_.set_value();
-  }) {}
-  ~io_thread() {
-    ioc_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  asio::io_context& ioc() { return ioc_; }
-  /// Runs everything posted before this call (bounded).
-  bool sync(steady::duration timeout = 2s) {
-    std::promise<void> p;
-    auto f = p.get_future();
-    asio::post(ioc_, [&p] { p.set_value(); });
-    return f.wait_for(timeout) == std::future_status::ready;
-  }
-  /// Releases the work guard; true when run() returns by itself within `timeout`, i.e. nothing
-  /// (no timer, no socket operation) is pending any more.
-  bool drains_within(steady::duration timeout) {
-    work_.reset();
-    return finished_.wait_for(timeout) == std::future_status::ready;
-  }
-
- private:
-  asio::io_context ioc_;
-  asio::executor_work_guard<asio::io_context::executor_type> work_;
-  std::promise<void> done_;
-  std::future<void> finished_ = done_.get_future();
-  std::thread thread_;
-};
+using ingressd::testing::io_thread;
 
 /// Collects callbacks (they run on the io thread) for the test thread.
 class recorder {
