@@ -54,18 +54,24 @@ bool has_token(std::string_view list, std::string_view token) {
 
 // --- recorded_request --------------------------------------------------------------------------
 
-std::optional<std::string> recorded_request::header(std::string_view name) const {
+std::optional<std::string> find_header(const header_list& headers, std::string_view name) {
   for (const auto& [n, v] : headers)
     if (beast::iequals(n, name)) return v;
   return std::nullopt;
 }
 
-std::size_t recorded_request::header_count(std::string_view name) const {
+std::size_t count_header(const header_list& headers, std::string_view name) {
   std::size_t count = 0;
   for (const auto& h : headers)
     if (beast::iequals(h.first, name)) ++count;
   return count;
 }
+
+std::optional<std::string> recorded_request::header(std::string_view name) const {
+  return find_header(headers, name);
+}
+
+std::size_t recorded_request::header_count(std::string_view name) const { return count_header(headers, name); }
 
 std::string recorded_request::path() const { return target.substr(0, target.find('?')); }
 

@@ -63,17 +63,10 @@ sse_event make_event(std::string raw, clock::time_point at) {
 // --- http_response -----------------------------------------------------------------------------
 
 std::optional<std::string> http_response::header(std::string_view name) const {
-  for (const auto& [n, v] : headers)
-    if (beast::iequals(n, name)) return v;
-  return std::nullopt;
+  return demo::find_header(headers, name);
 }
 
-std::size_t http_response::header_count(std::string_view name) const {
-  std::size_t count = 0;
-  for (const auto& h : headers)
-    if (beast::iequals(h.first, name)) ++count;
-  return count;
-}
+std::size_t http_response::header_count(std::string_view name) const { return demo::count_header(headers, name); }
 
 bool http_response::keep_alive() const {
   const auto conn = header("connection").value_or("");

@@ -31,6 +31,11 @@ namespace ingressd::demo {
 using clock = std::chrono::steady_clock;
 using header_list = std::vector<std::pair<std::string, std::string>>;
 
+/// The first value of `name` (case-insensitive) in `headers`, or nullopt.
+std::optional<std::string> find_header(const header_list& headers, std::string_view name);
+/// How many times `name` (case-insensitive) occurs in `headers`.
+std::size_t count_header(const header_list& headers, std::string_view name);
+
 /// One request as a demo server received it.
 struct recorded_request {
   std::string method;
