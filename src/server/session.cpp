@@ -269,7 +269,10 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
     rp.header_limit(router_header_limit);
     rp.body_limit(router_body_limit);
     error_code rec = wec;
-    if (!wec) std::tie(rec, std::ignore) = co_await bhttp::async_read(conn->sock, conn->buf, rp, nothrow);
+    if (!wec) {
+      http::bounded_buffer in(conn->buf, http::body_read_cap(router_header_limit));  // endless chunk line
+      std::tie(rec, std::ignore) = co_await bhttp::async_read(conn->sock, in, rp, nothrow);
+    }
     router_conn_ = nullptr;
     if (rec) {
       error_code ignored;
@@ -868,6 +871,9 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   stream_guard streaming(w_.stats().active_streams);
   std::array<char, 18> chunk_hdr{};
   unsigned char* relay = relay_buffer();
+  // A replica sending an endless chunk-size line or trailer must not grow the buffer without
+  // bound: Beast stops with buffer_overflow at the cap and the stream is aborted (hardening B).
+  http::bounded_buffer up_in(conn->buf, http::body_read_cap(upstream_header_limit));
   bool head_sent = false;
   bool upstream_ok = true;
   while (!head_sent || !rp->is_done()) {
@@ -884,12 +890,12 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
         // Each piece goes out as soon as it is read; the head goes with the first piece when
         // it is already buffered, else on its own at once (TTFT).
         arm(cfg.upstream.idle_timeout, phase::stream);
-        auto [ec, n] = co_await bhttp::async_read_some(conn->sock, conn->buf, *rp, nothrow);
+        auto [ec, n] = co_await bhttp::async_read_some(conn->sock, up_in, *rp, nothrow);
         if (ec == bhttp::error::need_buffer) ec = {};
         read_ec = ec;
         got = relay_size - body.size;
       } else if (conn->buf.size() > 0) {
-        auto [ec, n] = co_await bhttp::async_read_some(conn->sock, conn->buf, *rp, nothrow);
+        auto [ec, n] = co_await bhttp::async_read_some(conn->sock, up_in, *rp, nothrow);
         if (ec == bhttp::error::need_buffer) ec = {};
         read_ec = ec;
         got = relay_size - body.size;
