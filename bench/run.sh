@@ -3,6 +3,7 @@
 # /work/shared/spec/ray-serve-ingress.md), side by side on one topology, in one run.
 #
 #   bench/run.sh [--quick] [--rounds N] [--duration S] [--idle-conns N] [--ingressd PATH] [--keep]
+#   bench/run.sh --profile plain|router [--duration S]    # ingressd under callgrind, instructions/request
 #
 # Layout (2 cores): core 1 = the proxy under test (ingressd --threads 1 / HAProxy nbthread 1),
 # core 0 = everything else (wrk, nginx fakes for replicas and routers, the Python SSE replica and
@@ -22,6 +23,7 @@ ROUNDS=""
 DURATION=""
 IDLE_N=""
 KEEP=0
+PROFILE=""
 INGRESSD=${INGRESSD:-$ROOT/build/release/ingressd}
 PORT_BASE=${BENCH_PORT_BASE:-18400}
 GATE_RATIO=${BENCH_GATE_RATIO:-2.0}
@@ -35,12 +37,16 @@ while (($#)); do
     --idle-conns) IDLE_N=$2; shift ;;
     --ingressd) INGRESSD=$2; shift ;;
     --keep) KEEP=1 ;;
+    --profile) PROFILE=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
   shift
 done
-if ((QUICK)); then
+[[ -z $PROFILE || $PROFILE == plain || $PROFILE == router ]] || { echo "--profile plain|router" >&2; exit 2; }
+if [ -n "$PROFILE" ]; then
+  ROUNDS=1; DURATION=${DURATION:-10}; WARMUP=2; IDLE_N=${IDLE_N:-100}; TTFT_N=0; KEEP=1
+elif ((QUICK)); then
   ROUNDS=${ROUNDS:-1}; DURATION=${DURATION:-4}; WARMUP=1; IDLE_N=${IDLE_N:-2000}; TTFT_N=50
   SCENARIOS=(plain_c64 router_c64); THREADS2=0
 else
@@ -54,6 +60,7 @@ log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # ------------------------------------------------------------------ dependencies
 need=(haproxy nginx wrk python3 iproute2 util-linux)
+[ -n "$PROFILE" ] && need+=(valgrind strace)
 missing=()
 for p in "${need[@]}"; do
   [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
@@ -495,6 +502,51 @@ log "other load on this machine right now (loadavg): $(cut -d' ' -f1-3 /proc/loa
 start_bg nginx $LOAD_CORE nginx -p "$TMP" -c "$TMP/nginx.conf"
 start_bg sse_server $LOAD_CORE python3 "$LIB/sse_server.py" --port "$P_SSE" --events 3 --interval-ms 5
 wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port $NODE_IP "${ROUTER_PORTS[0]}"; wait_port 127.0.0.1 "$P_SSE"
+
+# --profile: ingressd alone under callgrind, 64 connections; instructions are counted only while
+# wrk's measured run goes (zeroed after the warm-up), so Ir/request is repeatable whatever else
+# the machine is doing — the number to compare before and after an optimisation.
+if [ -n "$PROFILE" ]; then
+  kind=GET; [ "$PROFILE" = router ] && kind=POST
+  start_bg ingressd "$PROXY_CORE" valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.out" \
+    "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 --listen "127.0.0.1:$P_ING" \
+    --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" --topology-file "$TMP/topology.json"
+  ING_PID=$LAST_PID
+  for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$P_ING") 2>/dev/null && break; sleep 0.1; done
+  probe 127.0.0.1 "$P_ING" || { tail -20 "$TMP/ingressd.log" >&2; exit 1; }
+  url="http://127.0.0.1:$P_ING/v1/models"; script=()
+  [ "$kind" = POST ] && { url="http://127.0.0.1:$P_ING/v1/chat/completions"; script=(-s "$TMP/post.lua"); }
+  taskset -c $LOAD_CORE wrk -t1 -c64 -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
+  callgrind_control -i on "$ING_PID" >/dev/null 2>&1
+  taskset -c $LOAD_CORE wrk -t1 -c64 -d"${DURATION}s" "${script[@]}" "$url" >"$TMP/wrk-profile.txt" 2>&1 || true
+  callgrind_control -d "$ING_PID" >/dev/null 2>&1
+  reqs=$(awk '/requests in/ {print $1}' "$TMP/wrk-profile.txt")
+  errs=$(awk '/Non-2xx|Socket errors/' "$TMP/wrk-profile.txt")
+  out=$(ls -t "$TMP"/callgrind.out* | head -1)
+  ir=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  callgrind_annotate --auto=no --threshold=95 "$out" >"$TMP/profile-top.txt" 2>/dev/null || true
+  echo "profile $PROFILE: $reqs requests, $ir instructions, $(awk -v a="$ir" -v b="$reqs" 'BEGIN{printf "%.0f", a/b}') Ir/request ${errs:+($errs)}"
+  echo "self-cost top: $TMP/profile-top.txt; data: $out (kcachegrind/callgrind_annotate)"
+  stop_pid "$ING_PID"
+  # the kernel side: system calls per request, counted by strace on a native run
+  if command -v strace >/dev/null; then
+    start_bg ingressd "$PROXY_CORE" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 \
+      --listen "127.0.0.1:$P_ING" --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" \
+      --topology-file "$TMP/topology.json"
+    ING_PID=$LAST_PID
+    wait_port 127.0.0.1 "$P_ING"; probe 127.0.0.1 "$P_ING"
+    taskset -c $LOAD_CORE wrk -t1 -c64 -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
+    strace -c -f -qq -o "$TMP/strace.txt" -p "$ING_PID" & st=$!
+    sleep 0.5
+    taskset -c $LOAD_CORE wrk -t1 -c64 -d"${DURATION}s" "${script[@]}" "$url" >"$TMP/wrk-strace.txt" 2>&1 || true
+    kill -INT "$st"; wait "$st" 2>/dev/null || true
+    reqs=$(awk '/requests in/ {print $1}' "$TMP/wrk-strace.txt")
+    awk -v r="$reqs" '$1 ~ /^[0-9.]+$/ && NF >= 5 {c = $4; name = $NF; if (c ~ /^[0-9]+$/) printf "  %-16s %6.2f /request\n", name, c / r}' \
+      "$TMP/strace.txt" | sort -k2 -rn | head -12
+    awk -v r="$reqs" '/total/ {printf "  %-16s %6.2f /request (%d requests under strace)\n", "all syscalls", $4 / r, r}' "$TMP/strace.txt"
+  fi
+  exit 0
+fi
 
 # direct baselines: generator + upstream capacity on core 0 (must be well above the proxies' rates)
 run_wrk 0 direct "${REPLICA_PORTS[0]}" "" direct_get_c64 64 GET

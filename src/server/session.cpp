@@ -213,7 +213,13 @@ awaitable<error_code> session::read_prebody(std::size_t cap) {
   const auto& cfg = this->cfg();
   while (!parser_->is_done() && prebody_.size() < cap) {
     const std::size_t old = prebody_.size();
-    const std::size_t room = std::min(cap - old, relay_size);
+    // resize() zero-fills, so grow only by what can arrive in this step: the rest of a known
+    // Content-Length, or what is already buffered (Beast parses that before reading more).
+    std::size_t room = std::min(cap - old, relay_size);
+    if (const auto cl = parser_->content_length_remaining(); cl && !parser_->chunked())
+      room = std::min<std::size_t>(room, std::max<std::uint64_t>(*cl, 1));
+    else if (buf_.size() > 0)
+      room = std::min(room, buf_.size());
     prebody_.resize(old + room);
     auto& body = parser_->get().body();
     body.data = prebody_.data() + old;

@@ -24,8 +24,9 @@ struct router_reply {
   std::vector<std::pair<std::string, std::string>> request_headers;
 };
 
-/// Interprets a complete reply. The body is parsed with a real JSON parser; a flat object with a
-/// string `replica_id` is what every Ray router sends.
+/// Interprets a complete reply. The body must be one valid JSON object (RFC 8259, checked in
+/// full: what nlohmann::json accepts, see router_reply.cpp); a flat object with a string
+/// `replica_id` is what every Ray router sends.
 router_reply parse_router_reply(unsigned status, std::string_view body);
 
 /// Inputs of one router request.
