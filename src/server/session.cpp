@@ -4,6 +4,7 @@
 #include <charconv>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/container/small_vector.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
@@ -23,7 +24,6 @@ using http::iequals;
 
 namespace {
 
-constexpr std::size_t relay_size = 16 * 1024;
 /// Body bytes read ahead while a router decides (forward_body off): bounds per-request buffering.
 constexpr std::size_t prebody_cap = 64 * 1024;
 constexpr std::uint32_t router_header_limit = 16 * 1024;
@@ -161,13 +161,13 @@ void session::hard_close(tcp::socket& s) {
 }
 
 unsigned char* session::relay_buffer() {
-  if (!relay_) relay_.reset(new unsigned char[relay_size]);
+  if (!relay_) relay_ = w_.take_relay();
   return relay_.get();
 }
 
 void session::release_buffers() {
   parser_.reset();
-  relay_.reset();
+  w_.give_relay(std::move(relay_));
   prebody_.clear();
   prebody_.shrink_to_fit();
   buf_.shrink_to_fit();
@@ -271,7 +271,7 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
     }
     router_conn_ = conn.get();
     auto [wec, wn] = co_await asio::async_write(conn->sock, asio::buffer(request), nothrow);
-    http::guarded_parser<false, bhttp::string_body> rp;
+    http::status_body_parser rp;
     rp.header_limit(router_header_limit);
     rp.body_limit(router_body_limit);
     error_code rec = wec;
@@ -288,7 +288,7 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
       if (reused && !rp.got_some() && !router_timed_out_ && !aborted_) continue;
       co_return router_exchange{};
     }
-    router_exchange out{true, rp.get().result_int(), std::move(rp.get().body())};
+    router_exchange out{true, rp.status(), std::move(rp.body())};
     if (rp.keep_alive() && conn->buf.size() == 0) w_.pool().put(std::move(conn));
     co_return out;
   }
@@ -296,8 +296,8 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
 }
 
 awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_routers(
-    std::shared_ptr<const topology::snapshot> snap, std::size_t app_index, std::string request_id,
-    std::string body, std::optional<std::uint64_t> truncated_total) {
+    const std::shared_ptr<const topology::snapshot>& snap, std::size_t app_index, std::string_view request_id,
+    std::string_view body, std::optional<std::uint64_t> truncated_total) {
   const auto& cfg = this->cfg();
   struct latency_mark {  // the whole decision, failovers included (ingressd_router_latency_seconds)
     session& s;
@@ -323,11 +323,12 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
   std::string_view session_value;
   const auto& req = parser_->get();
   if (!cfg.router.session_header.empty()) {
-    auto it = req.find(cfg.router.session_header);
+    const std::string& name = cfg.router.session_header;
+    auto it = req.find(name);
     if (it == req.end()) {
-      std::string alt = cfg.router.session_header;
+      boost::container::small_vector<char, 64> alt(name.begin(), name.end());  // no allocation for usual names
       for (auto& c : alt) c = c == '-' ? '_' : c == '_' ? '-' : c;
-      it = req.find(alt);
+      it = req.find(std::string_view(alt.data(), alt.size()));
     }
     if (it != req.end() && http::valid_field_value(it->value())) session_value = it->value();
   }
@@ -335,9 +336,8 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
   // Cursor order, but routers that failed recently go last (router_memory).
   auto& memory = w_.routers();
   const auto now = clock::now();
-  std::vector<std::size_t> order;
-  order.reserve(n);
-  std::vector<routing::router_memory::state> states(n);
+  boost::container::small_vector<std::size_t, 8> order;
+  boost::container::small_vector<routing::router_memory::state, 8> states(n);
   for (int pass = 0; pass < 2; ++pass)
     for (std::size_t i = 0; i < n; ++i) {
       std::size_t r = (start + i) % n;
@@ -702,8 +702,10 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   note_replica(*ep, connect_failures);
   registration<upstream::connection> current_upstream(up_, *conn);
 
-  // Request head, re-framed (contract §4.4).
+  // Request head, re-framed (contract §4.4). One allocation for the request's heads instead of
+  // one per doubling (the buffer is released when the connection goes idle).
   head_.clear();
+  head_.reserve(1024);
   head_.append(req.method_string()).push_back(' ');
   head_.append(target).append(" HTTP/1.1\r\n");
   {

@@ -58,9 +58,11 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 
   /// One routing decision: tries the app's router pool from this worker's cursor, failing over
   /// only when a router gave no reply (contract §4.2). Returns the reply or a failure reason.
+  /// `snap`, `request_id` and `body` must outlive the call (they belong to proxy()'s frame, which
+  /// awaits this coroutine; the body prefix is not touched while it runs).
   awaitable<std::pair<routing::router_reply, std::optional<reason>>> ask_routers(
-      std::shared_ptr<const topology::snapshot> snap, std::size_t app_index, std::string request_id,
-      std::string body, std::optional<std::uint64_t> truncated_total);
+      const std::shared_ptr<const topology::snapshot>& snap, std::size_t app_index, std::string_view request_id,
+      std::string_view body, std::optional<std::uint64_t> truncated_total);
   struct router_exchange {
     bool replied = false;
     unsigned status = 0;

@@ -122,6 +122,7 @@ awaitable<void> worker::sweep_loop() {
     const auto open = stats_.active_connections.get();
     peak_connections_ = std::max(peak_connections_, open);
     if (peak_connections_ >= open + 1000 && open < peak_connections_ / 2) {
+      spare_relays_.clear();
       ::malloc_trim(0);
       peak_connections_ = open;
     }
@@ -129,6 +130,17 @@ awaitable<void> worker::sweep_loop() {
 }
 
 void worker::add_session(session& s) { sessions_.push_back(s); }
+
+std::unique_ptr<unsigned char[]> worker::take_relay() {
+  if (spare_relays_.empty()) return std::unique_ptr<unsigned char[]>(new unsigned char[relay_size]);
+  auto b = std::move(spare_relays_.back());
+  spare_relays_.pop_back();
+  return b;
+}
+
+void worker::give_relay(std::unique_ptr<unsigned char[]> b) {
+  if (b && spare_relays_.size() < max_spare_relays) spare_relays_.push_back(std::move(b));
+}
 
 void worker::apply_config(std::shared_ptr<const config::config> next) {
   pool_.set_max_idle(next->upstream.max_idle_per_replica);

@@ -57,6 +57,45 @@ class guarded_parser : public boost::beast::http::parser<isRequest, Body> {
   }
 };
 
+/// A response parser that keeps only the status and the body: the router's reply (contract
+/// §4.2) needs nothing else, and storing each field in a `basic_fields` element cost an
+/// allocation, a map insert and a free per field on every routed request. Framing fields
+/// (Content-Length, Transfer-Encoding, Connection) are still interpreted by basic_parser itself;
+/// over-long fields are refused as in guarded_parser; the body is bounded by body_limit().
+class status_body_parser : public boost::beast::http::basic_parser<false> {
+ public:
+  unsigned status() const noexcept { return status_; }
+  std::string& body() noexcept { return body_; }
+
+ private:
+  void on_request_impl(boost::beast::http::verb, boost::beast::string_view, boost::beast::string_view, int,
+                       boost::beast::error_code&) override {}
+  void on_response_impl(int code, boost::beast::string_view, int, boost::beast::error_code&) override {
+    status_ = static_cast<unsigned>(code);
+  }
+  void on_field_impl(boost::beast::http::field, boost::beast::string_view name, boost::beast::string_view value,
+                     boost::beast::error_code& ec) override {
+    if (name.size() > max_field_bytes || value.size() > max_field_bytes) ec = boost::beast::http::error::header_limit;
+  }
+  void on_header_impl(boost::beast::error_code&) override {}
+  void on_body_init_impl(const boost::optional<std::uint64_t>& length, boost::beast::error_code&) override {
+    if (length) body_.reserve(static_cast<std::size_t>(*length));  // basic_parser checked it against body_limit
+  }
+  std::size_t on_body_impl(boost::beast::string_view piece, boost::beast::error_code&) override {
+    body_.append(piece.data(), piece.size());
+    return piece.size();
+  }
+  void on_chunk_header_impl(std::uint64_t, boost::beast::string_view, boost::beast::error_code&) override {}
+  std::size_t on_chunk_body_impl(std::uint64_t, boost::beast::string_view piece, boost::beast::error_code&) override {
+    body_.append(piece.data(), piece.size());
+    return piece.size();
+  }
+  void on_finish_impl(boost::beast::error_code&) override {}
+
+  unsigned status_ = 0;
+  std::string body_;
+};
+
 /// DynamicBuffer (v1) over a flat_buffer with a capped max_size(), optionally recording the bytes
 /// consumed from it. Lives only for the duration of one read call.
 class bounded_buffer {
