@@ -421,7 +421,7 @@ ING_PID=""; HAP_PID=""
 start_proxies() { # threads
   local threads=$1 core=$PROXY_CORE lp=$P_ING ap=$P_ING_ADMIN hp=$P_HAP cfg=$TMP/haproxy.cfg
   if ((threads == 2)); then core=$BOTH_CORES; lp=$P_ING2; ap=$P_ING2_ADMIN; hp=$P_HAP2; cfg=$TMP/haproxy2.cfg; fi
-  start_bg ingressd "$core" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads "$threads" \
+  start_bg ingressd "$core" env ${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD} "$INGRESSD" --config "$TMP/ingressd.yaml" --threads "$threads" \
     --listen "127.0.0.1:$lp" --admin-listen "127.0.0.1:$ap" --node-ip "$NODE_IP" \
     --topology-file "$TMP/topology.json"
   ING_PID=$LAST_PID

@@ -195,10 +195,11 @@ std::optional<std::string> daemon::reload(std::shared_ptr<const config::config> 
   if (next->listen != cur.listen) return "listen cannot change without a restart";
   if (next->admin_listen != cur.admin_listen) return "admin_listen cannot change without a restart";
   if (next->effective_threads() != cur.effective_threads()) return "threads cannot change without a restart";
+  // Counted before any worker applies it: whoever sees the new behaviour also sees the count.
+  d.shared.config_reloads.fetch_add(1, std::memory_order_relaxed);
   for (auto& w : d.workers) asio::post(w->ioc(), [w = w.get(), next] { w->apply_config(next); });
   // The drain sequence reads the config on the control thread.
   asio::post(d.control, [&d, next] { d.cfg = next; });
-  d.shared.config_reloads.fetch_add(1, std::memory_order_relaxed);
   return std::nullopt;
 }
 

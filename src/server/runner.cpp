@@ -146,6 +146,11 @@ int run(int argc, const char* const* argv) {
   daemon d(cfg);
 
   asio::io_context main_ioc(1);
+  // Before the listeners open: a SIGHUP or SIGTERM that arrives right after start (a reload or
+  // stop issued by systemd the moment the port answers) must be caught and queued, not take the
+  // default action and kill the process.
+  asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
+  signals.add(SIGUSR1);  // reopen the access log (logrotate)
 
   // Replica health checks, once per daemon (contract health.*): routers are not checked (Ray's
   // HAProxy does not either); the failover memory covers them.
@@ -244,8 +249,6 @@ int run(int argc, const char* const* argv) {
     spdlog::info("SIGHUP: configuration reloaded from {}", next->config_file);
   };
 
-  asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
-  signals.add(SIGUSR1);  // reopen the access log (logrotate)
   std::function<void()> wait_signal = [&] {
     signals.async_wait([&](error_code ec, int sig) {
       if (ec) return;

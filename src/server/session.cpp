@@ -138,7 +138,7 @@ void session::on_watch(error_code ec, std::size_t n) {
     if (up_) up_->sock.cancel(ignored);
   }
   watching_ = false;
-  if (watch_done_) watch_done_->cancel();
+  if (rq_) rq_->watch_done.cancel();
 }
 
 awaitable<void> session::stop_watch() {
@@ -146,9 +146,8 @@ awaitable<void> session::stop_watch() {
   watch_stop_ = true;
   error_code ignored;
   sock_.cancel(ignored);
-  if (!watch_done_) watch_done_.emplace(w_.ioc());
-  watch_done_->expires_at(clock::time_point::max());
-  co_await watch_done_->async_wait(nothrow);
+  rq_->watch_done.expires_at(clock::time_point::max());
+  co_await rq_->watch_done.async_wait(nothrow);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -161,18 +160,14 @@ void session::hard_close(tcp::socket& s) {
 }
 
 unsigned char* session::relay_buffer() {
-  if (!relay_) relay_ = w_.take_relay();
-  return relay_.get();
+  if (!rq_->relay) rq_->relay.reset(new unsigned char[relay_size]);
+  return rq_->relay.get();
 }
 
 void session::release_buffers() {
   parser_.reset();
-  w_.give_relay(std::move(relay_));
-  prebody_.clear();
-  prebody_.shrink_to_fit();
+  w_.give_scratch(std::move(rq_));
   buf_.shrink_to_fit();
-  head_.clear();
-  head_.shrink_to_fit();
 }
 
 void session::close_if_idle() {
@@ -211,8 +206,8 @@ awaitable<session::outcome> session::body_error(error_code ec) {
 
 awaitable<error_code> session::read_prebody(std::size_t cap) {
   const auto& cfg = this->cfg();
-  while (!parser_->is_done() && prebody_.size() < cap) {
-    const std::size_t old = prebody_.size();
+  while (!parser_->is_done() && rq_->prebody.size() < cap) {
+    const std::size_t old = rq_->prebody.size();
     // resize() zero-fills, so grow only by what can arrive in this step: the rest of a known
     // Content-Length, or what is already buffered (Beast parses that before reading more).
     std::size_t room = std::min(cap - old, relay_size);
@@ -220,15 +215,15 @@ awaitable<error_code> session::read_prebody(std::size_t cap) {
       room = std::min<std::size_t>(room, std::max<std::uint64_t>(*cl, 1));
     else if (buf_.size() > 0)
       room = std::min(room, buf_.size());
-    prebody_.resize(old + room);
+    rq_->prebody.resize(old + room);
     auto& body = parser_->get().body();
-    body.data = prebody_.data() + old;
+    body.data = rq_->prebody.data() + old;
     body.size = room;
     arm(cfg.client.body_timeout, phase::body);
     http::bounded_buffer in(buf_, http::body_read_cap(cfg.client.max_header_bytes));  // A10, A11
     auto [ec, n] = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
     if (ec == bhttp::error::need_buffer) ec = {};
-    prebody_.resize(old + room - body.size);
+    rq_->prebody.resize(old + room - body.size);
     if (ec) co_return ec;
   }
   co_return error_code{};
@@ -237,11 +232,10 @@ awaitable<error_code> session::read_prebody(std::size_t cap) {
 awaitable<session::router_exchange> session::router_attempt(const topology::endpoint& ep,
                                                              const std::string& request,
                                                              clock::duration timeout) {
-  if (!router_timer_) router_timer_.emplace(w_.ioc());
   const unsigned gen = ++router_gen_;
   router_timed_out_ = false;
-  router_timer_->expires_after(timeout);
-  router_timer_->async_wait([self = shared_from_this(), gen](error_code ec) {
+  rq_->router_timer.expires_after(timeout);
+  rq_->router_timer.async_wait([self = shared_from_this(), gen](error_code ec) {
     if (ec || gen != self->router_gen_) return;
     self->router_timed_out_ = true;
     error_code ignored;
@@ -252,7 +246,7 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
     ~timer_stop() {
       ++s.router_gen_;
       s.router_conn_ = nullptr;
-      s.router_timer_->cancel();
+      s.rq_->router_timer.cancel();
     }
   } stop_timer{*this};
 
@@ -302,7 +296,7 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
   struct latency_mark {  // the whole decision, failovers included (ingressd_router_latency_seconds)
     session& s;
     clock::time_point t0 = clock::now();
-    ~latency_mark() { s.rec_.router_latency = clock::now() - t0; }
+    ~latency_mark() { s.rq_->rec.router_latency = clock::now() - t0; }
   } latency{*this};
   const auto& view = snap->apps[app_index];
   const auto& pool = view.router_pool;
@@ -391,7 +385,7 @@ awaitable<session::outcome> session::respond(std::string response, bool close) {
 
 awaitable<session::outcome> session::respond_reason(reason r, bool close, std::string_view path) {
   bool head_only = parser_ && parser_->get().method() == bhttp::verb::head;
-  rec_.why = r;
+  rq_->rec.why = r;
   co_return co_await respond(http::make_reason_response(r, close, 11, head_only, path), close);
 }
 
@@ -445,7 +439,7 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
   const bool head_only = req.method() == bhttp::verb::head;
   const bool close = !parser_->keep_alive() || !parser_->is_done();
   const bool draining = w_.shared().draining.load(std::memory_order_relaxed);
-  rec_.probe = true;
+  rq_->rec.probe = true;
   const auto* snap = w_.snap();
   if (draining) {
     response = http::make_response(503, "text/plain", "This node is being drained.", close, 11, head_only);
@@ -467,13 +461,13 @@ awaitable<session::outcome> session::serve_one() {
   const auto& cfg = this->cfg();
   begin_request();
   arm(cfg.client.header_timeout, phase::head);
-  head_.clear();
+  rq_->head.clear();
   for (int skips = 0;; ++skips) {
     parser_ = std::make_unique<request_parser>();
     parser_->header_limit(static_cast<std::uint32_t>(cfg.client.max_header_bytes));
     parser_->body_limit(cfg.client.max_body_bytes);
-    // The raw head lands in head_ as Beast consumes it, for http::check_request_head below.
-    http::bounded_buffer in(buf_, cfg.client.max_header_bytes, &head_);
+    // The raw head lands in rq_->head as Beast consumes it, for http::check_request_head below.
+    http::bounded_buffer in(buf_, cfg.client.max_header_bytes, &rq_->head);
     auto [ec, n] = co_await bhttp::async_read_header(sock_, in, *parser_, nothrow);
     if (ec == bhttp::error::bad_method && skips < 8) {
       // Empty lines before the request line are ignored (RFC 9112 §2.2, hardening D12).
@@ -490,7 +484,7 @@ awaitable<session::outcome> session::serve_one() {
       if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
           ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
         co_return outcome::close;
-      unsigned status = http::status_for_head_error(ec, head_, http::pending(buf_),
+      unsigned status = http::status_for_head_error(ec, rq_->head, http::pending(buf_),
                                                     cfg.client.max_header_bytes);
       co_return co_await respond(
           http::make_response(status, "text/plain", bhttp::obsolete_reason(static_cast<bhttp::status>(status)), true), true);
@@ -499,7 +493,7 @@ awaitable<session::outcome> session::serve_one() {
   }
   w_.stats().requests.add();
   const auto& req = parser_->get();
-  if (auto v = http::check_request_head(head_, req); !v.ok()) {
+  if (auto v = http::check_request_head(rq_->head, req); !v.ok()) {
     // What Beast lets through but ingressd refuses (smuggling shapes, hardening A, B, D): the
     // request goes nowhere and the connection closes.
     std::string body(bhttp::obsolete_reason(static_cast<bhttp::status>(v.status)));
@@ -550,8 +544,8 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   const bool has_body = !parser_->is_done();
   const bool chunked_in = parser_->chunked();
   const unsigned client_version = req.version();
-  prebody_.clear();
-  rec_.block = w_.app(app_index).metrics;
+  rq_->prebody.clear();
+  rq_->rec.block = w_.app(app_index).metrics;
 
   // Expect: only 100-continue is known (RFC 9110 §10.1.1); ingressd answers it itself.
   bool expect_continue = false;
@@ -568,7 +562,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     request_id.assign(it->value());
   else
     request_id = w_.next_request_id();
-  if (logging()) rec_.request_id = request_id;
+  if (logging()) rq_->rec.request_id = request_id;
 
   std::shared_ptr<const topology::snapshot> snap = w_.snapshot_ptr();
   const std::string app_name = snap->apps[app_index].name;
@@ -592,10 +586,10 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       body_ec = co_await read_prebody(cfg.router.body_limit);
       if (!body_ec) {
         std::optional<std::uint64_t> total;
-        if (!chunked_in && parser_->content_length() && *parser_->content_length() > prebody_.size())
+        if (!chunked_in && parser_->content_length() && *parser_->content_length() > rq_->prebody.size())
           total = *parser_->content_length();
-        if (!parser_->is_done()) rec_.block->truncations.add();
-        std::tie(reply, failure) = co_await ask_routers(snap, app_index, request_id, prebody_, total);
+        if (!parser_->is_done()) rq_->rec.block->truncations.add();
+        std::tie(reply, failure) = co_await ask_routers(snap, app_index, request_id, rq_->prebody, total);
       }
     } else if (const auto cl = parser_->content_length();
                parser_->is_done() || (!chunked_in && cl && *cl <= prebody_cap && buf_.size() >= *cl)) {
@@ -704,10 +698,10 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
 
   // Request head, re-framed (contract §4.4). One allocation for the request's heads instead of
   // one per doubling (the buffer is released when the connection goes idle).
-  head_.clear();
-  head_.reserve(1024);
-  head_.append(req.method_string()).push_back(' ');
-  head_.append(target).append(" HTTP/1.1\r\n");
+  rq_->head.clear();
+  rq_->head.reserve(1024);
+  rq_->head.append(req.method_string()).push_back(' ');
+  rq_->head.append(target).append(" HTTP/1.1\r\n");
   {
     http::hop_filter hop(req);
     bool have_host = false;
@@ -728,23 +722,23 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       }
       bool replaced = false;
       for (const auto& [hn, hv] : router_headers) replaced = replaced || iequals(hn, name);
-      if (!replaced) http::append_field(head_, name, f.value());
+      if (!replaced) http::append_field(rq_->head, name, f.value());
     }
-    if (!have_host) http::append_field(head_, "Host", ep->key);
+    if (!have_host) http::append_field(rq_->head, "Host", ep->key);
   }
-  for (const auto& [hn, hv] : router_headers) http::append_field(head_, hn, hv);
-  http::append_field(head_, "X-Forwarded-For", peer_);
-  http::append_field(head_, "X-Forwarded-Proto", "http");
-  http::append_field(head_, "X-Request-Id", request_id);
+  for (const auto& [hn, hv] : router_headers) http::append_field(rq_->head, hn, hv);
+  http::append_field(rq_->head, "X-Forwarded-For", peer_);
+  http::append_field(rq_->head, "X-Forwarded-Proto", "http");
+  http::append_field(rq_->head, "X-Request-Id", request_id);
   if (has_body) {
     if (chunked_in)
-      http::append_field(head_, "Transfer-Encoding", "chunked");
+      http::append_field(rq_->head, "Transfer-Encoding", "chunked");
     else
-      http::append_field(head_, "Content-Length", std::to_string(*parser_->content_length()));
+      http::append_field(rq_->head, "Content-Length", std::to_string(*parser_->content_length()));
   } else if (auto cl = parser_->content_length(); cl) {
-    http::append_field(head_, "Content-Length", "0");
+    http::append_field(rq_->head, "Content-Length", "0");
   }
-  head_.append("\r\n");
+  rq_->head.append("\r\n");
 
   auto upstream_failed = [&](reason r) -> awaitable<outcome> {
     hard_close(conn->sock);
@@ -752,19 +746,19 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   };
 
   // Body: client -> upstream, one piece at a time, with our own framing. Bytes read while the
-  // router was deciding (prebody_) go first.
+  // router was deciding (rq_->prebody) go first.
   if (expect_continue && !(co_await write_all(continue_100))) co_return outcome::close;
   {
     std::array<char, 18> chunk_hdr{};
     bool head_sent = false;
-    bool pre = !prebody_.empty();
+    bool pre = !rq_->prebody.empty();
     unsigned char* relay = has_body ? relay_buffer() : nullptr;
     while (!head_sent || pre || !parser_->is_done()) {
       std::size_t got = 0;
       const void* piece = relay;
       if (pre) {
-        piece = prebody_.data();
-        got = prebody_.size();
+        piece = rq_->prebody.data();
+        got = rq_->prebody.size();
         pre = false;
       } else if (!parser_->is_done()) {
         auto& body = parser_->get().body();
@@ -782,7 +776,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       }
       std::array<asio::const_buffer, 5> bufs;
       std::size_t nb = 0;
-      if (!head_sent) bufs[nb++] = asio::buffer(head_);
+      if (!head_sent) bufs[nb++] = asio::buffer(rq_->head);
       if (got) {
         if (chunked_in) bufs[nb++] = asio::buffer(chunk_hdr.data(), http::chunk_header(chunk_hdr.data(), got));
         bufs[nb++] = asio::buffer(piece, got);
@@ -799,7 +793,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       head_sent = true;
     }
   }
-  prebody_.clear();
+  rq_->prebody.clear();
   const auto request_sent = clock::now();
 
   // Response head, skipping interim 1xx responses after forwarding them (hardening F2).
@@ -837,20 +831,20 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       co_return co_await upstream_failed(reason::upstream_error);  // we never ask for upgrades
     }
     if ((status == 100 && expect_continue) || client_version != 11) continue;
-    head_.clear();
-    http::append_status_line(head_, status, 11, rp->get().reason());
+    rq_->head.clear();
+    http::append_status_line(rq_->head, status, 11, rp->get().reason());
     http::hop_filter hop(rp->get());
     for (const auto& f : rp->get())
-      if (!hop.skip(f.name(), f.name_string())) http::append_field(head_, f.name_string(), f.value());
-    head_.append("\r\n");
-    if (!(co_await write_all(head_))) {
+      if (!hop.skip(f.name(), f.name_string())) http::append_field(rq_->head, f.name_string(), f.value());
+    rq_->head.append("\r\n");
+    if (!(co_await write_all(rq_->head))) {
       co_await stop_watch();
       hard_close(conn->sock);
       co_return outcome::close;
     }
   }
 
-  rec_.block->first_byte.observe(clock::now() - request_sent);
+  rq_->rec.block->first_byte.observe(clock::now() - request_sent);
   auto& res = rp->get();
   const unsigned status = res.result_int();
   const bool no_body = head_only || status == 204 || status == 304;
@@ -859,22 +853,22 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   if (!no_body && !length && client_version != 11) close = true;  // close-delimited for HTTP/1.0
   close = close || close_after_;
 
-  head_.clear();
-  http::append_status_line(head_, status, 11, res.reason());
+  rq_->head.clear();
+  http::append_status_line(rq_->head, status, 11, res.reason());
   {
     http::hop_filter hop(res);
     for (const auto& f : res)
-      if (!hop.skip(f.name(), f.name_string())) http::append_field(head_, f.name_string(), f.value());
+      if (!hop.skip(f.name(), f.name_string())) http::append_field(rq_->head, f.name_string(), f.value());
   }
   if (length && (!no_body || head_only))
-    http::append_field(head_, "Content-Length", std::to_string(*length));
+    http::append_field(rq_->head, "Content-Length", std::to_string(*length));
   else if (chunked_out)
-    http::append_field(head_, "Transfer-Encoding", "chunked");
+    http::append_field(rq_->head, "Transfer-Encoding", "chunked");
   if (close)
-    http::append_field(head_, "Connection", "close");
+    http::append_field(rq_->head, "Connection", "close");
   else if (client_version == 10)
-    http::append_field(head_, "Connection", "keep-alive");
-  head_.append("\r\n");
+    http::append_field(rq_->head, "Connection", "keep-alive");
+  rq_->head.append("\r\n");
 
   stream_guard streaming(w_.stats().active_streams);
   std::array<char, 18> chunk_hdr{};
@@ -911,7 +905,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     }
     std::array<asio::const_buffer, 5> bufs;
     std::size_t nb = 0;
-    if (!head_sent) bufs[nb++] = asio::buffer(head_);
+    if (!head_sent) bufs[nb++] = asio::buffer(rq_->head);
     if (got) {
       if (chunked_out) bufs[nb++] = asio::buffer(chunk_hdr.data(), http::chunk_header(chunk_hdr.data(), got));
       bufs[nb++] = asio::buffer(relay, got);
@@ -923,14 +917,14 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       auto [ec, n] = co_await asio::async_write(sock_, std::span(bufs.data(), nb), nothrow);
       if (ec) {
         // The client went away (or stalled past the idle timeout): close the upstream too.
-        rec_.term = client_side_end();
+        rq_->rec.term = client_side_end();
         co_await stop_watch();
         hard_close(conn->sock);
         hard_close(sock_);
         co_return outcome::close;
       }
-      if (!head_sent) rec_.status = status;
-      rec_.bytes += got;
+      if (!head_sent) rq_->rec.status = status;
+      rq_->rec.bytes += got;
       head_sent = true;
     }
     if (read_ec) {
@@ -942,7 +936,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   disarm();
   if (!upstream_ok || client_gone_ || aborted_) {
     // Upstream died or hung mid-stream, or the client left: abort both sides (hardening G1, G3).
-    rec_.term = aborted_ ? metrics::termination::shutdown
+    rq_->rec.term = aborted_ ? metrics::termination::shutdown
                 : client_gone_ ? metrics::termination::client_abort
                 : timed_out(phase::stream) ? metrics::termination::timeout
                 : metrics::termination::upstream_abort;

@@ -24,6 +24,8 @@ namespace ingressd::server {
 namespace bhttp = boost::beast::http;
 
 class session : public std::enable_shared_from_this<session>, public session_hook {
+  friend struct request_scratch;
+
  public:
   session(worker& w, tcp::socket sock);
   ~session();
@@ -130,13 +132,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   boost::beast::flat_buffer buf_;
   std::unique_ptr<request_parser> parser_;  // on the heap: an idle connection holds none
   asio::steady_timer timer_;
-  std::optional<asio::steady_timer> watch_done_;  // made on the first stop_watch that waits
   clock::time_point deadline_ = clock::time_point::max();
   std::string peer_;
-  std::string head_;  // scratch for serialising heads
-  std::unique_ptr<unsigned char[]> relay_;
-  std::string prebody_;  // body bytes read before the upstream was chosen
-  std::optional<asio::steady_timer> router_timer_;  // per router attempt (router.timeout)
   upstream::connection* router_conn_ = nullptr;
   unsigned router_gen_ = 0;
   bool router_timed_out_ = false;
@@ -150,7 +147,20 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   bool watching_ = false;
   bool watch_stop_ = false;
   bool client_gone_ = false;
-  request_record rec_;
+  /// Present from the start of a request until the connection goes idle (worker's spares).
+  std::unique_ptr<request_scratch> rq_;
+};
+
+/// What only a request in progress needs. Idle connections hold none of it (hardening H3): it
+/// goes back to the worker's spares, so busy connections do not allocate it per request.
+struct request_scratch {
+  explicit request_scratch(asio::io_context& ioc) : watch_done(ioc), router_timer(ioc) {}
+  std::string head;                        ///< scratch for serialising heads
+  std::string prebody;                     ///< body bytes read before the upstream was chosen
+  std::unique_ptr<unsigned char[]> relay;  ///< relay_size bytes, made on first use
+  asio::steady_timer watch_done;           ///< stop_watch() waits on it for the watch to end
+  asio::steady_timer router_timer;         ///< per router attempt (router.timeout)
+  session::request_record rec;
 };
 
 }  // namespace ingressd::server

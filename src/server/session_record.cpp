@@ -11,7 +11,8 @@ namespace ingressd::server {
 using metrics::termination;
 
 void session::begin_request() {
-  auto& r = rec_;
+  if (!rq_) rq_ = w_.take_scratch();
+  auto& r = rq_->rec;
   r.active = true;
   r.probe = false;
   r.start = clock::now();
@@ -40,48 +41,49 @@ termination session::client_side_end() const {
 void session::note_response(std::string_view response, bool written) {
   unsigned status = 0;
   if (response.size() >= 12) std::from_chars(response.data() + 9, response.data() + 12, status);
-  rec_.status = status;
+  rq_->rec.status = status;
   if (!written) {
-    rec_.term = client_side_end();
+    rq_->rec.term = client_side_end();
     return;
   }
-  if (auto p = response.find("\r\n\r\n"); p != std::string_view::npos) rec_.bytes += response.size() - (p + 4);
-  if (status == 408 || rec_.why == reason::upstream_timeout) rec_.term = termination::timeout;
-  else if (rec_.why == reason::upstream_error) rec_.term = termination::error;
+  if (auto p = response.find("\r\n\r\n"); p != std::string_view::npos) rq_->rec.bytes += response.size() - (p + 4);
+  if (status == 408 || rq_->rec.why == reason::upstream_timeout) rq_->rec.term = termination::timeout;
+  else if (rq_->rec.why == reason::upstream_error) rq_->rec.term = termination::error;
 }
 
 void session::note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex) {
   const auto result = !ex.replied        ? metrics::attempt_result::no_reply
                       : ex.status == 200 ? metrics::attempt_result::ok
                                          : metrics::attempt_result::non_200;
-  if (rec_.block)
-    if (auto* slot = rec_.block->router(pool_index, ep.key)) slot->results[static_cast<std::size_t>(result)].add();
-  rec_.routed = true;
+  if (rq_->rec.block)
+    if (auto* slot = rq_->rec.block->router(pool_index, ep.key)) slot->results[static_cast<std::size_t>(result)].add();
+  rq_->rec.routed = true;
   if (logging()) {
-    rec_.router = ep.name.empty() ? ep.key : ep.name;
-    rec_.router_addr = ep.key;
+    rq_->rec.router = ep.name.empty() ? ep.key : ep.name;
+    rq_->rec.router_addr = ep.key;
   }
 }
 
 void session::note_router_outcome(std::optional<reason> failure) {
-  rec_.routed = true;
-  rec_.router_failure = failure;
+  rq_->rec.routed = true;
+  rq_->rec.router_failure = failure;
   const std::size_t i = metrics::router_outcome_index(failure);
-  if (!rec_.block) return;
-  rec_.block->router_latency[i].observe(rec_.router_latency);
-  if (i != 0) rec_.block->router_failures[i].add();
+  if (!rq_->rec.block) return;
+  rq_->rec.block->router_latency[i].observe(rq_->rec.router_latency);
+  if (i != 0) rq_->rec.block->router_failures[i].add();
 }
 
 void session::note_replica(const topology::endpoint& ep, unsigned retries) {
-  rec_.retries = retries;
+  rq_->rec.retries = retries;
   if (logging()) {
-    rec_.replica = ep.name.empty() ? ep.key : ep.name;
-    rec_.replica_addr = ep.key;
+    rq_->rec.replica = ep.name.empty() ? ep.key : ep.name;
+    rq_->rec.replica_addr = ep.key;
   }
 }
 
 void session::finish_request() {
-  auto& r = rec_;
+  if (!rq_) return;
+  auto& r = rq_->rec;
   if (!r.active) return;
   r.active = false;
   if (r.probe) return;

@@ -122,7 +122,7 @@ awaitable<void> worker::sweep_loop() {
     const auto open = stats_.active_connections.get();
     peak_connections_ = std::max(peak_connections_, open);
     if (peak_connections_ >= open + 1000 && open < peak_connections_ / 2) {
-      spare_relays_.clear();
+      spare_scratch_.clear();
       ::malloc_trim(0);
       peak_connections_ = open;
     }
@@ -131,15 +131,22 @@ awaitable<void> worker::sweep_loop() {
 
 void worker::add_session(session& s) { sessions_.push_back(s); }
 
-std::unique_ptr<unsigned char[]> worker::take_relay() {
-  if (spare_relays_.empty()) return std::unique_ptr<unsigned char[]>(new unsigned char[relay_size]);
-  auto b = std::move(spare_relays_.back());
-  spare_relays_.pop_back();
-  return b;
+std::unique_ptr<request_scratch> worker::take_scratch() {
+  if (spare_scratch_.empty()) return std::make_unique<request_scratch>(ioc_);
+  auto s = std::move(spare_scratch_.back());
+  spare_scratch_.pop_back();
+  return s;
 }
 
-void worker::give_relay(std::unique_ptr<unsigned char[]> b) {
-  if (b && spare_relays_.size() < max_spare_relays) spare_relays_.push_back(std::move(b));
+void worker::give_scratch(std::unique_ptr<request_scratch> s) {
+  if (!s || spare_scratch_.size() >= max_spare_scratch) return;
+  // Keep what a typical request reuses; a large body prefix is not worth holding on to.
+  s->head.clear();
+  if (s->prebody.capacity() > 4096) std::string().swap(s->prebody);
+  s->prebody.clear();
+  s->watch_done.cancel();
+  s->router_timer.cancel();
+  spare_scratch_.push_back(std::move(s));
 }
 
 void worker::apply_config(std::shared_ptr<const config::config> next) {

@@ -67,12 +67,13 @@ struct app_state {
 };
 
 class session;
+struct request_scratch;
 using session_hook = boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
 
 /// Bytes relayed per read on a stream (each direction): the per-stream buffer (hardening H4).
 inline constexpr std::size_t relay_size = 16 * 1024;
-/// Spare relay buffers a worker keeps for its next requests (at most 1 MiB per worker).
-inline constexpr std::size_t max_spare_relays = 64;
+/// Spare request scratch a worker keeps for its next requests (about 1 MiB per worker at most).
+inline constexpr std::size_t max_spare_scratch = 64;
 
 class worker {
  public:
@@ -115,11 +116,12 @@ class worker {
   const metrics::worker_metrics& metrics() const { return metrics_; }
   /// A fresh request id (UUID-4 text) from this worker's generator.
   std::string next_request_id();
-  /// Relay buffers (relay_size bytes) that idle sessions gave back, for the next request on
-  /// this worker: an idle connection holds none, and a busy worker does not pay a large
-  /// malloc/free (glibc's slow path above 1 KiB) per request. At most max_spare_relays kept.
-  std::unique_ptr<unsigned char[]> take_relay();
-  void give_relay(std::unique_ptr<unsigned char[]> b);
+  /// Request scratch (heads, body prefix, relay buffer, per-request timers, access-log record)
+  /// that sessions gave back when they went idle, for the next request on this worker: an idle
+  /// connection holds none, and a busy worker does not allocate it per request (the 16 KiB relay
+  /// buffer would take glibc's slow path every time). At most max_spare_scratch are kept.
+  std::unique_ptr<request_scratch> take_scratch();
+  void give_scratch(std::unique_ptr<request_scratch> s);
   /// Least-loaded healthy replica of app `i` not rejected by `skip`, or nullopt.
   template <class Skip>
   std::optional<std::size_t> least_loaded(std::size_t i, Skip skip);
@@ -145,7 +147,6 @@ class worker {
   worker_stats stats_;
   metrics::worker_metrics metrics_;
   std::uint64_t id_state_;  // request id generator state
-  std::vector<std::unique_ptr<unsigned char[]>> spare_relays_;
   bool stopping_ = false;
   std::uint64_t peak_connections_ = 0;  // for returning memory after a burst (sweep_loop)
   asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop
@@ -156,6 +157,8 @@ class worker {
   // One thread runs it and only that thread touches its sockets: the reactor needs no locks.
   // Posts from other threads (topology, admin) still go through the scheduler's lock.
   asio::io_context ioc_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  // After ioc_, so destroyed before it: the spares hold timers of this io_context.
+  std::vector<std::unique_ptr<request_scratch>> spare_scratch_;
 };
 
 template <class Skip>

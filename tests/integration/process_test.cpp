@@ -224,7 +224,7 @@ TEST_F(Process, SighupAppliesAValidConfigAndKeepsTheRunningOneOnError) {
   auto deadline = clock_type::now() + 10s;
   unsigned status = 0;
   while (clock_type::now() < deadline && (status = status_with_big_header()) != 431) std::this_thread::sleep_for(20ms);
-  EXPECT_EQ(status, 431u);
+  EXPECT_EQ(status, 431u) << p->output();
   EXPECT_EQ(metric("ingressd_config_reloads_total"), 1);
 
   // An invalid file is rejected whole: counted, logged, and the running config stays.
