@@ -14,29 +14,20 @@
 #                                paths all point into TMP, nothing installed outside TMP.
 set -euo pipefail
 build=$1 source=$2
+here=$(dirname "$0")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# Every installed file, relative to the root, sorted; compared whole so that a stray or missing
-# file shows up as a diff.
-expected_files() {  # PREFIX SYSCONFDIR (both relative to the root, no leading /)
-  local prefix=$1 sysconfdir=$2 doc
-  echo "$prefix/bin/ingressd"
-  echo "$sysconfdir/ingressd/ingressd.example.yaml"
-  echo "$prefix/lib/systemd/system/ingressd.service"
-  echo "$prefix/lib/sysusers.d/ingressd.conf"
-  echo "$prefix/share/doc/ingressd/README.md"
-  echo "$prefix/share/doc/ingressd/LICENSE"
-  for doc in "$source"/docs/*.md; do echo "$prefix/share/doc/ingressd/docs/$(basename "$doc")"; done
-}
-
+# The installed files are compared whole with the expected list, so that a stray or missing file
+# shows up as a diff.
 check_tree() {  # ROOT PREFIX SYSCONFDIR [EXTRA FILE...]
   local root=$1 prefix=${2#/} sysconfdir=${3#/}
   shift 3
   local want got
-  want=$( { expected_files "${prefix%/}" "$sysconfdir"; [ $# -eq 0 ] || printf "%s\n" "$@"; } | sed 's#^/##' | LC_ALL=C sort)
+  want=$( { "$here/expected_layout.sh" "$source" "$prefix" "$sysconfdir"; [ $# -eq 0 ] || printf "%s\n" "$@"; } |
+          LC_ALL=C sort)
   got=$(cd "$root" && find . \( -type f -o -type l \) | sed 's#^\./##' | LC_ALL=C sort)
   if [ "$want" != "$got" ]; then
     fail "installed files under $root differ from the expected layout (< expected, > installed):"
