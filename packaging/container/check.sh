@@ -10,7 +10,7 @@
 #   - every shared library `ldd` finds for the staged binary belongs to a package in
 #     runtime-packages.txt or to the base image's essential set, and every listed package is needed;
 #   - the Containerfile uses build.sh's staging root, exposes the example config's ports and runs
-#     the staged binary with /etc/ingressd/ingressd.yaml.
+#     the staged binary with /etc/ingressd/ingressd.yaml as a numeric unprivileged user it creates.
 #
 # Environment:
 #   INGRESSD_BUILD_DIR  reuse this configured build directory (e.g. build/release, to save the
@@ -110,7 +110,14 @@ entrypoint=$(sed -n 's/^ENTRYPOINT //p' "$containerfile")
 [ "$entrypoint" = '["/usr/bin/ingressd", "--config", "/etc/ingressd/ingressd.yaml"]' ] ||
   fail "ENTRYPOINT $entrypoint: expected the staged /usr/bin/ingressd with --config /etc/ingressd/ingressd.yaml"
 user=$(sed -n 's/^USER //p' "$containerfile")
-[ -n "$user" ] && [[ ! $user =~ ^(root|0)(:|$) ]] || fail "USER must be an unprivileged user, got '$user'"
+if [[ $user =~ ^([0-9]+):([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ne 0 ]; then
+  # The user and group must exist in the image under those ids, or the process has no name.
+  grep -q -- "--uid ${BASH_REMATCH[1]} --gid ${BASH_REMATCH[2]} " "$containerfile" &&
+    grep -q -- "groupadd --gid ${BASH_REMATCH[2]} " "$containerfile" ||
+    fail "USER $user: the Containerfile must create that user and group (useradd --uid --gid, groupadd --gid)"
+else
+  fail "USER must be a numeric unprivileged UID:GID, got '$user'"
+fi
 
 elapsed=$(( $(date +%s) - started ))
 if [ "$failures" -ne 0 ]; then
