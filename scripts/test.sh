@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian 12 machine to a passing test suite: installs dependencies,
-# builds and runs the unit and integration tests (release build), then the same suite under
+# builds and runs the unit and integration tests (release build), then the container image's build
+# steps from a clean build directory (packaging/container/check.sh), then the same suite under
 # ASan+UBSan and TSan, then a short libFuzzer run of every fuzz target over its seed corpus
-# (clang). Set INGRESSD_QUICK=1 to skip the sanitizer builds and the fuzz run.
+# (clang). Set INGRESSD_QUICK=1 to skip the container check, the sanitizer builds and the fuzz run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -17,6 +18,7 @@ run_suite() {
 }
 run_suite release
 if [ "${INGRESSD_QUICK:-0}" != 1 ]; then
+  JOBS="$jobs" packaging/container/check.sh
   run_suite asan
   run_suite tsan
   echo "=== fuzz: 15 s per target"
