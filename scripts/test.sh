@@ -6,7 +6,8 @@
 # (clang). Set INGRESSD_QUICK=1 to skip the container check, the sanitizer builds and the fuzz run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
+# systemd: only for systemd-analyze (the unit is verified in ctest), never started
+scripts/deps.sh systemd
 jobs=$(nproc)
 run_suite() {
   local preset=$1
