@@ -391,25 +391,45 @@ awaitable<session::outcome> session::respond_reason(reason r, bool close, std::s
 
 // ---------------------------------------------------------------------------------------------
 
-awaitable<void> session::run() {
-  auto self = shared_from_this();
-  while (!aborted_) {
-    if (buf_.size() == 0) {
-      // Idle between requests: hold no buffers (hardening H3) and wait for readability only,
-      // here rather than inside serve_one so that no request frame stays allocated while idle.
-      release_buffers();
-      if (close_after_) break;
-      idle_ = true;
-      arm(w_.cfg().client.keepalive_timeout, phase::idle);
-      auto [ec] = co_await sock_.async_wait(tcp::socket::wait_read, nothrow);
-      idle_ = false;
-      if (ec || close_after_) break;  // idle timeout, drain or error: close quietly
+void session::start() { wait_idle(); }
+
+void session::wait_idle() {
+  // Idle between requests: no coroutine frame, no buffers, no request scratch (hardening H3) —
+  // only this wait and the keep-alive deadline. The next request starts a new coroutine.
+  idle_ = true;
+  arm(w_.cfg().client.keepalive_timeout, phase::idle);
+  sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
+    self->idle_ = false;
+    if (ec || self->close_after_ || self->aborted_) {
+      self->close_now();  // idle timeout, drain or error: close quietly
+      return;
     }
     // The request runs with the config in force when it started, even across a SIGHUP reload.
-    cfg_ = w_.cfg_ptr();
+    self->cfg_ = self->w_.cfg_ptr();
+    asio::co_spawn(self->w_.ioc(), self->serve(), [](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        spdlog::error("session failed: {}", ex.what());
+      }
+    });
+  });
+}
+
+awaitable<void> session::serve() {
+  auto self = shared_from_this();
+  while (!aborted_) {
     const auto o = co_await serve_one();
     finish_request();
     if (o == outcome::close) break;
+    if (buf_.size() == 0) {
+      release_buffers();
+      if (close_after_) break;
+      wait_idle();  // completes only after this coroutine has returned
+      co_return;
+    }
+    cfg_ = w_.cfg_ptr();  // a pipelined request: served at once, with the current config
   }
   error_code ignored;
   if (!aborted_ && sock_.is_open()) {
@@ -419,7 +439,6 @@ awaitable<void> session::run() {
       // closing now would reset the connection and could destroy our response in flight.
       // Read and discard for a bounded time and amount, until the client closes.
       arm(std::chrono::seconds(2), phase::head);
-      // On the heap: a local array would sit in this frame for the connection's whole life.
       auto sink = std::make_unique<char[]>(4096);
       std::size_t discarded = 0;
       while (discarded < 1024 * 1024) {
@@ -429,6 +448,12 @@ awaitable<void> session::run() {
       }
     }
   }
+  close_now();
+}
+
+void session::close_now() {
+  error_code ignored;
+  if (!aborted_ && sock_.is_open()) sock_.shutdown(tcp::socket::shutdown_send, ignored);
   disarm();
   timer_.cancel();
   sock_.close(ignored);

@@ -29,8 +29,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
  public:
   session(worker& w, tcp::socket sock);
   ~session();
-  /// Serves the connection until it closes.
-  awaitable<void> run();
+  /// Serves the connection until it closes: waits for the first request without a coroutine.
+  void start();
   /// Drain: closes the connection now if it is idle between requests, else after this response.
   void close_if_idle();
   /// Hard stop: closes the connection whatever it is doing.
@@ -46,6 +46,12 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 
   enum class outcome { keep_alive, close };
 
+  /// Waits (a plain handler, no coroutine) until the idle connection is readable, then serve().
+  void wait_idle();
+  /// Serves requests while bytes are buffered (pipelining), then goes idle or closes.
+  awaitable<void> serve();
+  /// Closes the connection: FIN after anything written, timers stopped.
+  void close_now();
   awaitable<outcome> serve_one();
   awaitable<outcome> proxy(std::size_t app_index, std::string target);
   awaitable<bool> write_all(std::string_view data);
@@ -93,7 +99,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   unsigned char* relay_buffer();
 
   // Request accounting (metrics and access log, src/server/session_record.cpp). A record starts
-  // before each request head is read and is finished by run() after serve_one() returns.
+  // before each request head is read and is finished by serve() after serve_one() returns.
   struct request_record {
     bool active = false;
     bool probe = false;                        ///< /-/healthz, /-/routes: not counted, not logged

@@ -96,14 +96,7 @@ awaitable<void> worker::accept_loop() {
     }
     auto s = std::make_shared<session>(*this, std::move(sock));
     add_session(*s);
-    asio::co_spawn(ioc_, s->run(), [s](std::exception_ptr e) {
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        spdlog::error("session failed: {}", ex.what());
-      }
-    });
+    s->start();
   }
 }
 
