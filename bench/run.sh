@@ -503,10 +503,11 @@ start_bg nginx $LOAD_CORE nginx -p "$TMP" -c "$TMP/nginx.conf"
 start_bg sse_server $LOAD_CORE python3 "$LIB/sse_server.py" --port "$P_SSE" --events 3 --interval-ms 5
 wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port $NODE_IP "${ROUTER_PORTS[0]}"; wait_port 127.0.0.1 "$P_SSE"
 
-# --profile: ingressd alone under callgrind, 64 connections; instructions are counted only while
+# --profile: ingressd alone under callgrind, 64 connections (BENCH_PROFILE_CONNS); instructions are counted only while
 # wrk's measured run goes (zeroed after the warm-up), so Ir/request is repeatable whatever else
 # the machine is doing — the number to compare before and after an optimisation.
 if [ -n "$PROFILE" ]; then
+  PCONNS=${BENCH_PROFILE_CONNS:-64}
   kind=GET; [ "$PROFILE" = router ] && kind=POST
   start_bg ingressd "$PROXY_CORE" env ${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD} valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.out" \
     "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 --listen "127.0.0.1:$P_ING" \
@@ -516,9 +517,9 @@ if [ -n "$PROFILE" ]; then
   probe 127.0.0.1 "$P_ING" || { tail -20 "$TMP/ingressd.log" >&2; exit 1; }
   url="http://127.0.0.1:$P_ING/v1/models"; script=()
   [ "$kind" = POST ] && { url="http://127.0.0.1:$P_ING/v1/chat/completions"; script=(-s "$TMP/post.lua"); }
-  taskset -c $LOAD_CORE wrk -t1 -c64 -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
+  taskset -c $LOAD_CORE wrk -t1 -c"$PCONNS" -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
   callgrind_control -i on "$ING_PID" >/dev/null 2>&1
-  taskset -c $LOAD_CORE wrk -t1 -c64 -d"${DURATION}s" "${script[@]}" "$url" >"$TMP/wrk-profile.txt" 2>&1 || true
+  taskset -c $LOAD_CORE wrk -t1 -c"$PCONNS" -d"${DURATION}s" "${script[@]}" "$url" >"$TMP/wrk-profile.txt" 2>&1 || true
   callgrind_control -d "$ING_PID" >/dev/null 2>&1
   reqs=$(awk '/requests in/ {print $1}' "$TMP/wrk-profile.txt")
   errs=$(awk '/Non-2xx|Socket errors/' "$TMP/wrk-profile.txt")
@@ -535,10 +536,10 @@ if [ -n "$PROFILE" ]; then
       --topology-file "$TMP/topology.json"
     ING_PID=$LAST_PID
     wait_port 127.0.0.1 "$P_ING"; probe 127.0.0.1 "$P_ING"
-    taskset -c $LOAD_CORE wrk -t1 -c64 -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
+    taskset -c $LOAD_CORE wrk -t1 -c"$PCONNS" -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
     strace -c -f -qq -o "$TMP/strace.txt" -p "$ING_PID" & st=$!
     sleep 0.5
-    taskset -c $LOAD_CORE wrk -t1 -c64 -d"${DURATION}s" "${script[@]}" "$url" >"$TMP/wrk-strace.txt" 2>&1 || true
+    taskset -c $LOAD_CORE wrk -t1 -c"$PCONNS" -d"${DURATION}s" "${script[@]}" "$url" >"$TMP/wrk-strace.txt" 2>&1 || true
     kill -INT "$st"; wait "$st" 2>/dev/null || true
     reqs=$(awk '/requests in/ {print $1}' "$TMP/wrk-strace.txt")
     awk -v r="$reqs" '$1 ~ /^[0-9.]+$/ && NF >= 5 {c = $4; name = $NF; if (c ~ /^[0-9]+$/) printf "  %-16s %6.2f /request\n", name, c / r}' \

@@ -170,6 +170,12 @@ void session::release_buffers() {
   buf_.shrink_to_fit();
 }
 
+void session::expire_idle(clock::time_point now, clock::duration keepalive) {
+  if (!idle_ || now - idle_since_ < keepalive) return;
+  timed_out_ = phase::idle;
+  close_if_idle();
+}
+
 void session::close_if_idle() {
   close_after_ = true;
   if (idle_) {
@@ -396,8 +402,13 @@ void session::start() { wait_idle(); }
 void session::wait_idle() {
   // Idle between requests: no coroutine frame, no buffers, no request scratch (hardening H3) —
   // only this wait and the keep-alive deadline. The next request starts a new coroutine.
+  // The keep-alive deadline is enforced by the worker's idle sweep (expire_idle), so an idle
+  // connection holds no pending timer operation either.
   idle_ = true;
-  arm(w_.cfg().client.keepalive_timeout, phase::idle);
+  idle_since_ = clock::now();
+  disarm();
+  phase_ = phase::idle;
+  if (waits_ > 0) timer_.cancel();
   sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
     self->idle_ = false;
     if (ec || self->close_after_ || self->aborted_) {

@@ -33,6 +33,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   void start();
   /// Drain: closes the connection now if it is idle between requests, else after this response.
   void close_if_idle();
+  /// Closes the connection if it has been idle for `keepalive` or longer (the worker's sweep).
+  void expire_idle(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration keepalive);
   /// Hard stop: closes the connection whatever it is doing.
   void abort();
 
@@ -148,6 +150,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   phase phase_ = phase::none;
   phase timed_out_ = phase::none;
   bool idle_ = false;
+  clock::time_point idle_since_;
   bool close_after_ = false;
   bool aborted_ = false;
   bool watching_ = false;

@@ -133,6 +133,7 @@ class worker {
  private:
   awaitable<void> accept_loop();
   awaitable<void> sweep_loop();
+  awaitable<void> idle_loop();
 
   unsigned index_;
   std::shared_ptr<const config::config> cfg_;
@@ -150,6 +151,7 @@ class worker {
   bool stopping_ = false;
   std::uint64_t peak_connections_ = 0;  // for returning memory after a burst (sweep_loop)
   asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop
+  asio::steady_timer* idle_timer_ = nullptr;   // lives in idle_loop's frame; cancelled on stop
   boost::intrusive::list<session, boost::intrusive::base_hook<session_hook>,
                          boost::intrusive::constant_time_size<false>> sessions_;
   // Declared last so it is destroyed first: session coroutines still pending at destruction are
