@@ -58,7 +58,7 @@ struct stream_guard {
 
 }  // namespace
 
-session::session(worker& w, tcp::socket sock)
+session::session(worker& w, client_socket sock)
     : w_(w), cfg_(w.cfg_ptr()), sock_(std::move(sock)), timer_(w.ioc()) {
   error_code ec;
   auto ep = sock_.remote_endpoint(ec);
@@ -152,12 +152,6 @@ awaitable<void> session::stop_watch() {
 
 // ---------------------------------------------------------------------------------------------
 
-void session::hard_close(tcp::socket& s) {
-  // RST instead of FIN: a truncated stream must never look like a clean end (hardening G3).
-  error_code ignored;
-  s.set_option(asio::socket_base::linger(true, 0), ignored);
-  s.close(ignored);
-}
 
 unsigned char* session::relay_buffer() {
   if (!rq_->relay) rq_->relay.reset(new unsigned char[relay_size]);

@@ -27,7 +27,14 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   friend struct request_scratch;
 
  public:
-  session(worker& w, tcp::socket sock);
+  /// Client sockets and the watchdog timer name the io_context's executor type: 48 bytes less
+  /// each than with any_io_executor, and the same again for every pending operation on them —
+  /// memory that every idle connection holds (hardening H3).
+  using client_socket = asio::basic_stream_socket<tcp, asio::io_context::executor_type>;
+  using watchdog_timer = asio::basic_waitable_timer<std::chrono::steady_clock,
+                                                    asio::wait_traits<std::chrono::steady_clock>,
+                                                    asio::io_context::executor_type>;
+  session(worker& w, client_socket sock);
   ~session();
   /// Serves the connection until it closes: waits for the first request without a coroutine.
   void start();
@@ -96,7 +103,13 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   void on_watch(error_code ec, std::size_t n);
   awaitable<void> stop_watch();
 
-  void hard_close(tcp::socket& s);
+  template <class Socket>
+  static void hard_close(Socket& s) {
+    // RST instead of FIN: a truncated stream must never look like a clean end (hardening G3).
+    error_code ignored;
+    s.set_option(asio::socket_base::linger(true, 0), ignored);
+    s.close(ignored);
+  }
   void release_buffers();
   unsigned char* relay_buffer();
 
@@ -136,10 +149,10 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 
   worker& w_;
   std::shared_ptr<const config::config> cfg_;  // of the current request (SIGHUP-safe)
-  tcp::socket sock_;
+  client_socket sock_;
   boost::beast::flat_buffer buf_;
   std::unique_ptr<request_parser> parser_;  // on the heap: an idle connection holds none
-  asio::steady_timer timer_;
+  watchdog_timer timer_;
   clock::time_point deadline_ = clock::time_point::max();
   std::string peer_;
   upstream::connection* router_conn_ = nullptr;

@@ -73,7 +73,7 @@ awaitable<void> worker::accept_loop() {
   asio::steady_timer backoff_timer(ioc_);
   auto backoff = std::chrono::milliseconds(5);
   while (acceptor_ && acceptor_->is_open()) {
-    auto [ec, sock] = co_await acceptor_->async_accept(nothrow);
+    auto [ec, sock] = co_await acceptor_->async_accept(ioc_, nothrow);  // typed executor: see session.hpp
     if (stopping_ || !acceptor_->is_open()) break;
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
