@@ -509,7 +509,7 @@ wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port $NODE_IP "${ROUTER_PORTS[0]
 if [ -n "$PROFILE" ]; then
   PCONNS=${BENCH_PROFILE_CONNS:-64}
   kind=GET; [ "$PROFILE" = router ] && kind=POST
-  start_bg ingressd "$PROXY_CORE" env ${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD} valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.out" \
+  start_bg ingressd "$PROXY_CORE" env ${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD} valgrind --tool=callgrind ${BENCH_CALLGRIND_OPTS:-} --instr-atstart=no --callgrind-out-file="$TMP/callgrind.out" \
     "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 --listen "127.0.0.1:$P_ING" \
     --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" --topology-file "$TMP/topology.json"
   ING_PID=$LAST_PID

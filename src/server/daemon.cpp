@@ -21,9 +21,19 @@ namespace ingressd::server {
 
 namespace {
 
+/// An IP literal as is; a host name resolved once at startup (the first IPv4 address, else the
+/// first address). Throws boost::system::system_error when it does not resolve.
 tcp::endpoint to_endpoint(const config::host_port& hp) {
-  std::string host = hp.host == "localhost" ? "127.0.0.1" : hp.host;
-  return {asio::ip::make_address(host), hp.port};
+  error_code ec;
+  auto ip = asio::ip::make_address(hp.host, ec);
+  if (!ec) return {ip, hp.port};
+  asio::io_context ioc;
+  tcp::resolver resolver(ioc);
+  auto results = resolver.resolve(hp.host, std::to_string(hp.port), tcp::resolver::numeric_service);
+  for (const auto& r : results)
+    if (r.endpoint().address().is_v4()) return r.endpoint();
+  if (results.empty()) throw boost::system::system_error(asio::error::host_not_found, hp.host);
+  return results.begin()->endpoint();
 }
 
 }  // namespace

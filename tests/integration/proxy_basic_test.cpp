@@ -81,6 +81,20 @@ TEST(ProxyBasic, GetReachesReplicaWithBodyIntact) {
   EXPECT_EQ(rec[0].target, "/hello/world?x=1");
 }
 
+TEST(ProxyBasic, ListenersAcceptAHostName) {
+  // listen / admin_listen take "host:port"; a name is resolved once at startup (IPv4 first).
+  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  auto cfg = test_config();
+  cfg.listen = {"localhost", 0};
+  cfg.admin_listen = {"localhost", 0};
+  proxy p(cfg);
+  p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
+  auto r = http_get("127.0.0.1", p.port(), "/x");
+  ASSERT_TRUE(r.complete) << r.error;
+  EXPECT_EQ(served_by(r), a.name());
+  EXPECT_EQ(http_get("127.0.0.1", p.admin_port(), "/metrics").status, 200u);
+}
+
 TEST(ProxyBasic, KeepAliveServesThreeRequestsOnOneConnection) {
   replica_server a(named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
