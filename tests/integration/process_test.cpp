@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -38,8 +39,8 @@ class Process : public ::testing::Test {
     write(name + ".tmp", text);
     std::filesystem::rename(path(name + ".tmp"), path(name));
   }
-  std::unique_ptr<child_process> run(const std::vector<std::string>& args) {
-    return std::make_unique<child_process>(INGRESSD_BINARY, args, path("out.log"));
+  std::unique_ptr<child_process> run(const std::vector<std::string>& args, spawn_options opts = {}) {
+    return std::make_unique<child_process>(INGRESSD_BINARY, args, path("out.log"), opts);
   }
   /// Runs to completion and returns the exit code.
   int run_to_exit(const std::vector<std::string>& args, std::string* out = nullptr) {
@@ -58,16 +59,40 @@ class Process : public ::testing::Test {
     return false;
   }
   /// Starts ingressd on free ports with a topology file and extra YAML config.
-  std::unique_ptr<child_process> start(const std::string& extra_yaml = "") {
+  std::unique_ptr<child_process> start(const std::string& extra_yaml = "", spawn_options opts = {}) {
     port_ = dead_port();
     admin_ = dead_port();
     const bool own_drain = extra_yaml.find("drain:") == std::string::npos;
     write("ingressd.yaml", (own_drain ? "drain:\n  min_period: 0s\n  timeout: 2s\n" : "") + extra_yaml);
     auto p = run({"--config", path("ingressd.yaml"), "--topology-file", path("topology.json"), "--listen",
                   "127.0.0.1:" + std::to_string(port_), "--admin-listen", "127.0.0.1:" + std::to_string(admin_),
-                  "--threads", "2", "--node-ip", "127.0.0.2"});
+                  "--threads", "2", "--node-ip", "127.0.0.2"},
+                 opts);
     EXPECT_TRUE(wait_listening(port_, 5s)) << p->output();
     return p;
+  }
+  /// A sample of an unlabelled /metrics family, or -1 when it cannot be read.
+  long admin_metric(const std::string& name) const {
+    return metric_in(http_get("127.0.0.1", admin_, "/metrics", {}, 2s).body, name);
+  }
+  static long metric_in(const std::string& body, const std::string& name) {
+    auto pos = body.find("\n" + name + " ");
+    return pos == std::string::npos ? -1 : std::stol(body.substr(pos + name.size() + 2));
+  }
+  /// Polls `pred` (every 10 ms) until it holds or `timeout` passes; returns its last value.
+  template <class Pred>
+  static bool eventually(Pred pred, clock_type::duration timeout) {
+    const auto deadline = clock_type::now() + timeout;
+    while (!pred()) {
+      if (clock_type::now() >= deadline) return false;
+      std::this_thread::sleep_for(10ms);
+    }
+    return true;
+  }
+  static std::size_t count(const std::string& text, const std::string& needle) {
+    std::size_t n = 0;
+    for (auto pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + needle.size())) ++n;
+    return n;
   }
   nlohmann::json admin_topology() const {
     auto r = http_get("127.0.0.1", admin_, "/topology", {}, 2s);
@@ -240,6 +265,88 @@ TEST_F(Process, SighupAppliesAValidConfigAndKeepsTheRunningOneOnError) {
   EXPECT_NE(p->output().find("config rejected"), std::string::npos);
   p->signal(SIGTERM);
   EXPECT_EQ(p->wait(5s), 0);
+}
+
+// Hardening H1: accept() failing with EMFILE must pause the listener, not spin on it, and the
+// listener must resume once descriptors are free again. The daemon runs with RLIMIT_NOFILE 64
+// and client.max_connections far above it, so the descriptor limit is what stops it.
+TEST_F(Process, H1_fd_exhaustion_pauses_accept_without_spinning_then_resumes) {
+  constexpr int fd_limit = 64;
+  write("topology.json", R"({"target_groups": []})");  // no apps: no health checks, no upstreams
+  auto p = start("client:\n  max_connections: 10000\n", {.max_open_files = fd_limit});
+  ASSERT_TRUE(p->started());
+  const pid_t pid = p->pid();
+  const std::string healthz = format_request("GET", "/-/healthz", "127.0.0.1", port_, {}, "");
+
+  // Connections that are accepted and answered, until the daemon's descriptor table is full.
+  std::vector<connection> served;
+  while (open_fds(pid).size() < static_cast<std::size_t>(fd_limit)) {
+    ASSERT_LT(served.size(), static_cast<std::size_t>(fd_limit)) << "the descriptor table never filled up";
+    auto c = connection::open("127.0.0.1", port_);
+    ASSERT_TRUE(c.connected()) << c.error();
+    ASSERT_TRUE(c.write(healthz));
+    auto r = c.read_response(5s);
+    ASSERT_EQ(r.status, 200u) << "connection " << served.size() << ": " << r.error << "\n" << p->output();
+    served.push_back(std::move(c));
+  }
+  // These wait in the kernel's accept queues (TCP handshake done, request sent), as does a scrape.
+  std::vector<connection> pending;
+  for (int i = 0; i < 10; ++i) {
+    pending.push_back(connection::open("127.0.0.1", port_));
+    ASSERT_TRUE(pending.back().connected()) << pending.back().error();
+    ASSERT_TRUE(pending.back().write(healthz));
+  }
+  auto scrape = connection::open("127.0.0.1", admin_);
+  ASSERT_TRUE(scrape.connected()) << scrape.error();
+  ASSERT_TRUE(scrape.write(format_request("GET", "/metrics", "127.0.0.1", admin_, {}, "")));
+  ASSERT_TRUE(eventually([&] { return p->output().find("] accept failed: Too many open files") != std::string::npos; }, 5s))
+      << p->output();
+  ASSERT_TRUE(eventually([&] { return p->output().find("admin accept failed: Too many open files") != std::string::npos; }, 5s))
+      << p->output();
+
+  // (a) No spinning: CPU time over one second with connections queued on all three listeners.
+  const auto cpu0 = cpu_time(pid);
+  std::this_thread::sleep_for(1s);  // the measurement window itself, not a synchronisation
+  const auto cpu = cpu_time(pid) - cpu0;
+  // ASSERT: a spinning daemon also writes a log line per failure, too much to read on.
+  ASSERT_LT(cpu.count(), 0.2) << "the daemon spins while accept() fails";
+  EXPECT_EQ(open_fds(pid).size(), static_cast<std::size_t>(fd_limit)) << "still full during the window";
+  std::printf("[ measured ] H1: %zu connections filled %d fds; CPU %.3f s over a 1 s window of EMFILE\n",
+              served.size(), fd_limit, cpu.count());
+
+  // The pauses follow the catalogue's back-off: 5 ms doubling to 1 s. Spinning, or not doubling,
+  // shows as far more failures than three listeners x (a few doublings + 1 per second).
+  const auto log = p->output();
+  constexpr std::size_t max_failures = 3 * 12;
+  std::size_t failures = 0;
+  for (auto pos = log.find("accept failed: "); pos != std::string::npos; pos = log.find("accept failed: ", pos + 1)) {
+    ASSERT_LE(++failures, max_failures) << log.substr(0, 20000);
+    const auto at = log.find("pausing ", pos);
+    ASSERT_NE(at, std::string::npos);
+    const long ms = std::strtol(log.c_str() + at + 8, nullptr, 10);
+    EXPECT_TRUE(ms == 5 || ms == 10 || ms == 20 || ms == 40 || ms == 80 || ms == 160 || ms == 320 || ms == 640 ||
+                ms == 1000)
+        << ms << "ms is not a step of 5 ms doubling to 1 s";
+  }
+  EXPECT_GE(failures, 2u);
+
+  // (c) Descriptors free again: the queued connections and the scrape are served, and new ones.
+  served.clear();  // closes them; the daemon closes its ends on EOF
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    auto r = pending[i].read_response(5s);
+    EXPECT_EQ(r.status, 200u) << "queued connection " << i << " was not served: " << r.error;
+  }
+  auto metrics = scrape.read_response(5s);
+  ASSERT_EQ(metrics.status, 200u) << "the queued scrape was not served: " << metrics.error;
+  EXPECT_EQ(http_get("127.0.0.1", port_, "/-/healthz", {}, 5s).status, 200u);
+
+  // (b) Every failed accept, main and admin listeners alike, is counted and logged.
+  const auto counted = metric_in(metrics.body, "ingressd_accept_errors_total");
+  EXPECT_GE(counted, 2);
+  EXPECT_EQ(static_cast<std::size_t>(counted), count(p->output(), "accept failed: ")) << metrics.body;
+
+  p->signal(SIGTERM);
+  EXPECT_EQ(p->wait(5s), 0) << p->output();
 }
 
 }  // namespace
