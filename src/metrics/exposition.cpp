@@ -148,6 +148,11 @@ std::string render(const scrape_input& in) {
   w.family("ingressd_config_reload_errors_total", "SIGHUP reloads rejected (the running config stays).",
            "counter");
   w.sample("ingressd_config_reload_errors_total", {}, in.config_errors);
+  w.family("ingressd_config_generations",
+           "Configs in memory: the one in force plus older ones still held by requests that started under "
+           "them (SIGHUP).",
+           "gauge");
+  w.sample("ingressd_config_generations", {}, in.config_generations);
   w.family("ingressd_accept_errors_total",
            "Accepts that failed for lack of file descriptors or memory (main and admin listeners); each pauses "
            "that listener, 5 ms doubling to 1 s.",

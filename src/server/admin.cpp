@@ -120,6 +120,7 @@ std::string admin_server::metrics_text() const {
     in.topology_errors = h_.shared->topology_errors.load(std::memory_order_relaxed);
     in.config_reloads = h_.shared->config_reloads.load(std::memory_order_relaxed);
     in.config_errors = h_.shared->config_errors.load(std::memory_order_relaxed);
+    in.config_generations = h_.shared->config_generations.load(std::memory_order_relaxed);
     in.accept_errors = h_.shared->accept_errors.load(std::memory_order_relaxed);
     if (h_.shared->access_log) in.access_log_dropped = h_.shared->access_log->dropped();
   }

@@ -398,6 +398,9 @@ awaitable<void> session::run() {
       // Idle between requests: hold no buffers (hardening H3) and wait for readability only,
       // here rather than inside serve_one so that no request frame stays allocated while idle.
       release_buffers();
+      // Nor a config: a generation replaced by SIGHUP is freed when the last request under it
+      // ends, not when some keep-alive connection that once served one closes (hardening I3).
+      cfg_.reset();
       if (close_after_) break;
       idle_ = true;
       arm(w_.cfg().client.keepalive_timeout, phase::idle);

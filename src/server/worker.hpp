@@ -37,6 +37,7 @@ struct shared_state {
   std::atomic<std::uint64_t> topology_errors{0};   ///< ingressd_topology_errors_total
   std::atomic<std::uint64_t> config_reloads{0};    ///< ingressd_config_reloads_total
   std::atomic<std::uint64_t> config_errors{0};     ///< ingressd_config_reload_errors_total
+  std::atomic<std::uint64_t> config_generations{0};  ///< ingressd_config_generations (daemon::impl::track)
   std::atomic<std::uint64_t> accept_errors{0};     ///< ingressd_accept_errors_total (main and admin listeners)
   /// The access log, or null when off. Set before the workers start; thread-safe.
   metrics::access_log* access_log = nullptr;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +139,40 @@ inline std::vector<int> open_fds(pid_t pid) {
   for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec))
     out.push_back(std::stoi(e.path().filename().string()));
   return out;
+}
+
+/// How many descriptors the process has open, not counting connections accepted on local TCP
+/// port `port` (say the admin listener's, which a test's own scrapes open and close): the sockets
+/// in /proc/<pid>/fd matched to /proc/<pid>/net/tcp by inode.
+inline std::size_t open_fds_except_accepted_on(pid_t pid, std::uint16_t port) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::vector<std::string> skip;
+  std::ifstream tcp(proc + "/net/tcp");
+  std::string line;
+  std::getline(tcp, line);  // header
+  while (std::getline(tcp, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    f >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+    const auto colon = local.find(':');
+    if (colon == std::string::npos || state == "0A") continue;  // 0A: LISTEN
+    if (std::stoul(local.substr(colon + 1), nullptr, 16) == port) skip.push_back("socket:[" + inode + "]");
+  }
+  std::size_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(proc + "/fd", ec)) {
+    const auto target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (std::find(skip.begin(), skip.end(), target) == skip.end()) ++n;
+  }
+  return n;
+}
+
+/// Whether the process has a handler installed for `sig` (SigCgt in /proc/<pid>/status).
+inline bool catches_signal(pid_t pid, int sig) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("SigCgt:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1;
+  return false;
 }
 
 /// Resident set size in KiB (VmRSS in /proc/<pid>/status), or -1.
