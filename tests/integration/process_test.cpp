@@ -1,5 +1,6 @@
 // Black-box tests of the ingressd binary: exit codes (contract §1), topology file reloads
-// (§3.2), active health checks (§4.3), SIGTERM drain (§7).
+// (§3.2), active health checks (§4.3), SIGTERM drain (§7), SIGHUP reloads (§2, hardening I2,
+// I3) and descriptor exhaustion (hardening H1).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
