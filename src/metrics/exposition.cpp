@@ -148,6 +148,16 @@ std::string render(const scrape_input& in) {
   w.family("ingressd_config_reload_errors_total", "SIGHUP reloads rejected (the running config stays).",
            "counter");
   w.sample("ingressd_config_reload_errors_total", {}, in.config_errors);
+  w.family("ingressd_config_generations",
+           "Configs in memory: the one in force plus older ones still held by requests that started under "
+           "them (SIGHUP).",
+           "gauge");
+  w.sample("ingressd_config_generations", {}, in.config_generations);
+  w.family("ingressd_accept_errors_total",
+           "Accepts that failed for lack of file descriptors or memory (main and admin listeners); each pauses "
+           "that listener, 5 ms doubling to 1 s.",
+           "counter");
+  w.sample("ingressd_accept_errors_total", {}, in.accept_errors);
   w.family("ingressd_access_log_dropped_total", "Access log lines dropped because the log queue was full.",
            "counter");
   w.sample("ingressd_access_log_dropped_total", {}, in.access_log_dropped);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ingressd/core/scope.hpp"
 #include "ingressd/http/message.hpp"
 #include "ingressd/metrics/exposition.hpp"
 #include "server/worker.hpp"
@@ -33,15 +34,29 @@ void admin_server::start() {
 void admin_server::stop() {
   error_code ignored;
   acceptor_.close(ignored);
+  if (backoff_timer_) backoff_timer_->cancel();
 }
 
 awaitable<void> admin_server::accept_loop() {
+  asio::steady_timer backoff_timer(ioc_);
+  registration<asio::steady_timer> reg(backoff_timer_, backoff_timer);
+  accept_backoff backoff;
   while (acceptor_.is_open()) {
     auto [ec, sock] = co_await acceptor_.async_accept(nothrow);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) break;
+      // A scrape while the process is out of descriptors must not spin the control thread,
+      // which also sequences the drain (hardening H1).
+      if (accept_starved(ec)) {
+        if (h_.shared) h_.shared->accept_errors.fetch_add(1, std::memory_order_relaxed);
+        const auto pause = backoff.next();
+        spdlog::warn("admin accept failed: {}; pausing {}ms", ec.message(), pause.count());
+        backoff_timer.expires_after(pause);
+        co_await backoff_timer.async_wait(nothrow);
+      }
       continue;
     }
+    backoff.reset();
     asio::co_spawn(ioc_, serve(std::move(sock)), [](std::exception_ptr) {});
   }
 }
@@ -105,6 +120,8 @@ std::string admin_server::metrics_text() const {
     in.topology_errors = h_.shared->topology_errors.load(std::memory_order_relaxed);
     in.config_reloads = h_.shared->config_reloads.load(std::memory_order_relaxed);
     in.config_errors = h_.shared->config_errors.load(std::memory_order_relaxed);
+    in.config_generations = h_.shared->config_generations.load(std::memory_order_relaxed);
+    in.accept_errors = h_.shared->accept_errors.load(std::memory_order_relaxed);
     if (h_.shared->access_log) in.access_log_dropped = h_.shared->access_log->dropped();
   }
   return metrics::render(in);

@@ -47,6 +47,7 @@ class admin_server {
   tcp::acceptor acceptor_;
   handlers h_;
   std::uint16_t port_ = 0;
+  asio::steady_timer* backoff_timer_ = nullptr;  // lives in accept_loop's frame; cancelled by stop()
 };
 
 }  // namespace ingressd::server

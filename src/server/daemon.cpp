@@ -39,11 +39,16 @@ tcp::endpoint to_endpoint(const config::host_port& hp) {
 }  // namespace
 
 struct daemon::impl {
-  explicit impl(std::shared_ptr<const config::config> c) : cfg(std::move(c)) {}
+  explicit impl(std::shared_ptr<const config::config> c) : cfg(track(std::move(c))) {}
 
-  std::shared_ptr<const config::config> cfg;
-  std::unique_ptr<metrics::access_log> access_log;  // outlives the workers that write to it
+  // First, so that it goes last: every config generation still held by a member below counts
+  // itself out of shared.config_generations as it goes.
   shared_state shared;
+  std::unique_ptr<metrics::access_log> access_log;  // outlives the workers that write to it
+  // The config new requests get. Replaced by reload() on the main thread and read by the drain
+  // on the control thread, hence the lock; workers get their own copy posted to them.
+  mutable std::mutex cfg_mu;
+  std::shared_ptr<const config::config> cfg;
   std::vector<std::unique_ptr<worker>> workers;
   std::vector<std::thread> threads;
   asio::io_context control{1};
@@ -58,6 +63,23 @@ struct daemon::impl {
   bool stopped = false;
   bool joined = false;
   std::optional<asio::steady_timer> drain_timer;
+
+  std::shared_ptr<const config::config> current_config() const {
+    std::lock_guard lk(cfg_mu);
+    return cfg;
+  }
+
+  /// The same config, counted in ingressd_config_generations until its last holder (the
+  /// daemon, a worker, a request that started under it) lets go: a reload storm must not leave
+  /// generations behind once their requests have ended (hardening I3).
+  std::shared_ptr<const config::config> track(std::shared_ptr<const config::config> c) {
+    shared.config_generations.fetch_add(1, std::memory_order_relaxed);
+    const auto* raw = c.get();
+    return {raw, [owner = std::move(c), &gens = shared.config_generations](const config::config*) mutable {
+              owner.reset();
+              gens.fetch_sub(1, std::memory_order_relaxed);
+            }};
+  }
 
   void stop_all() {
     std::lock_guard lk(stop_mu);
@@ -200,16 +222,19 @@ bool daemon::reopen_access_log() {
 
 std::optional<std::string> daemon::reload(std::shared_ptr<const config::config> next) {
   auto& d = *impl_;
-  const auto& cur = *d.cfg;
+  const auto cur = d.current_config();
   // Listener sockets and worker threads stay as they are across a reload.
-  if (next->listen != cur.listen) return "listen cannot change without a restart";
-  if (next->admin_listen != cur.admin_listen) return "admin_listen cannot change without a restart";
-  if (next->effective_threads() != cur.effective_threads()) return "threads cannot change without a restart";
+  if (next->listen != cur->listen) return "listen cannot change without a restart";
+  if (next->admin_listen != cur->admin_listen) return "admin_listen cannot change without a restart";
+  if (next->effective_threads() != cur->effective_threads()) return "threads cannot change without a restart";
+  next = d.track(std::move(next));
+  {
+    std::lock_guard lk(d.cfg_mu);
+    d.cfg = next;
+  }
   // Counted before any worker applies it: whoever sees the new behaviour also sees the count.
   d.shared.config_reloads.fetch_add(1, std::memory_order_relaxed);
   for (auto& w : d.workers) asio::post(w->ioc(), [w = w.get(), next] { w->apply_config(next); });
-  // The drain sequence reads the config on the control thread.
-  asio::post(d.control, [&d, next] { d.cfg = next; });
   return std::nullopt;
 }
 
@@ -239,9 +264,10 @@ void daemon::begin_drain() {
   auto& d = *impl_;
   if (d.shared.draining.exchange(true)) return;
   asio::post(d.control, [&d] {
-    spdlog::info("drain: /-/healthz now fails; accepting for {}ms more", d.cfg->drain.min_period.count());
-    auto hard_deadline = std::chrono::steady_clock::now() + d.cfg->drain.min_period + d.cfg->drain.timeout;
-    d.drain_timer->expires_after(d.cfg->drain.min_period);
+    const auto cfg = d.current_config();
+    spdlog::info("drain: /-/healthz now fails; accepting for {}ms more", cfg->drain.min_period.count());
+    auto hard_deadline = std::chrono::steady_clock::now() + cfg->drain.min_period + cfg->drain.timeout;
+    d.drain_timer->expires_after(cfg->drain.min_period);
     d.drain_timer->async_wait([&d, hard_deadline](error_code ec) {
       if (!ec) d.drain_phase_accepting(hard_deadline);
     });

@@ -400,6 +400,9 @@ void session::wait_idle() {
   // connection holds no pending timer operation either.
   idle_ = true;
   idle_since_ = clock::now();
+  // Nor a config: a generation replaced by SIGHUP is freed when the last request under it
+  // ends, not when some keep-alive connection that once served one closes (hardening I3).
+  cfg_.reset();
   disarm();
   phase_ = phase::idle;
   if (waits_ > 0) timer_.cancel();

@@ -68,26 +68,31 @@ void worker::run() {
   ioc_.run();
 }
 
+bool accept_starved(const error_code& ec) {
+  return ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
+         ec == asio::error::no_memory;
+}
+
 awaitable<void> worker::accept_loop() {
-  using namespace std::chrono_literals;
   asio::steady_timer backoff_timer(ioc_);
-  auto backoff = std::chrono::milliseconds(5);
+  registration<asio::steady_timer> reg(accept_timer_, backoff_timer);
+  accept_backoff backoff;
   while (acceptor_ && acceptor_->is_open()) {
     auto [ec, sock] = co_await acceptor_->async_accept(ioc_, nothrow);  // typed executor: see session.hpp
     if (stopping_ || !acceptor_->is_open()) break;
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
       // Out of descriptors or memory: pause instead of spinning on a ready listener (hardening H1).
-      if (ec == asio::error::no_descriptors || ec.value() == ENFILE || ec == asio::error::no_buffer_space ||
-          ec == asio::error::no_memory) {
-        spdlog::warn("accept failed: {}; pausing {}ms", ec.message(), backoff.count());
-        backoff_timer.expires_after(backoff);
+      if (accept_starved(ec)) {
+        shared_.accept_errors.fetch_add(1, std::memory_order_relaxed);
+        const auto pause = backoff.next();
+        spdlog::warn("accept failed: {}; pausing {}ms", ec.message(), pause.count());
+        backoff_timer.expires_after(pause);
         co_await backoff_timer.async_wait(nothrow);
-        backoff = std::min<std::chrono::milliseconds>(backoff * 2, 1s);
       }
       continue;
     }
-    backoff = std::chrono::milliseconds(5);
+    backoff.reset();
     auto open = shared_.connections.fetch_add(1, std::memory_order_relaxed) + 1;
     if (open > cfg_->client.max_connections) {
       shared_.connections.fetch_sub(1, std::memory_order_relaxed);
@@ -257,6 +262,7 @@ void worker::stop_accepting() {
     error_code ignored;
     acceptor_->close(ignored);
   }
+  if (accept_timer_) accept_timer_->cancel();
 }
 
 void worker::close_idle() {

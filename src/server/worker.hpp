@@ -3,7 +3,9 @@
 // sessions touch (per-app cursors and load counters, upstream connection pools). Nothing in a
 // worker is shared with another thread except through `shared_state` (atomics) and immutable
 // snapshots posted to it.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -35,8 +37,33 @@ struct shared_state {
   std::atomic<std::uint64_t> topology_errors{0};   ///< ingressd_topology_errors_total
   std::atomic<std::uint64_t> config_reloads{0};    ///< ingressd_config_reloads_total
   std::atomic<std::uint64_t> config_errors{0};     ///< ingressd_config_reload_errors_total
+  std::atomic<std::uint64_t> config_generations{0};  ///< ingressd_config_generations (daemon::impl::track)
+  std::atomic<std::uint64_t> accept_errors{0};     ///< ingressd_accept_errors_total (main and admin listeners)
   /// The access log, or null when off. Set before the workers start; thread-safe.
   metrics::access_log* access_log = nullptr;
+};
+
+/// accept() failed for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM). The
+/// connection stays queued and the listener stays readable, so accepting again at once would
+/// spin (hardening H1).
+bool accept_starved(const error_code& ec);
+
+/// The pause after a starved accept: 5 ms, doubling to 1 s (Go net/http's accept back-off);
+/// back to 5 ms once an accept succeeds.
+class accept_backoff {
+ public:
+  std::chrono::milliseconds next() {
+    const auto d = delay_;
+    delay_ = std::min<std::chrono::milliseconds>(delay_ * 2, max_delay);
+    return d;
+  }
+  void reset() { delay_ = min_delay; }
+
+  static constexpr std::chrono::milliseconds min_delay{5};
+  static constexpr std::chrono::milliseconds max_delay{1000};
+
+ private:
+  std::chrono::milliseconds delay_ = min_delay;
 };
 
 /// Keys ("ip:port") of replicas that active health checks have marked down.
@@ -152,6 +179,7 @@ class worker {
   std::uint64_t peak_connections_ = 0;  // for returning memory after a burst (sweep_loop)
   asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop
   asio::steady_timer* idle_timer_ = nullptr;   // lives in idle_loop's frame; cancelled on stop
+  asio::steady_timer* accept_timer_ = nullptr;  // accept back-off, in accept_loop's frame; cancelled on stop
   boost::intrusive::list<session, boost::intrusive::base_hook<session_hook>,
                          boost::intrusive::constant_time_size<false>> sessions_;
   // Declared last so it is destroyed first: session coroutines still pending at destruction are

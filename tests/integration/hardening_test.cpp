@@ -244,6 +244,104 @@ TEST(Hardening, A11_trailers_dropped_and_bounded) {
   expect_alive(e);
 }
 
+// A replica or router that never ends a chunk-size line or its trailer section. The upstream read
+// goes through a 64 KiB cap on unparsed bytes (http::bounded_buffer); without it the bytes pile
+// up in the buffer and the stream only ends at upstream.idle_timeout (or never, if they keep
+// coming). The idle and router timeouts are set far beyond the test's waits, so only the cap can
+// end these exchanges in time.
+constexpr std::size_t endless_bytes = 4u << 20;  // far past the cap
+
+config::config endless_config() {
+  auto cfg = hardening_config();
+  cfg.upstream.idle_timeout = 30s;
+  cfg.router.timeout = 30s;
+  return cfg;
+}
+
+/// The replica answers one GET with a chunked head, the chunk "hello", then `tail` (which never
+/// completes the message). The client must get the head and "hello", then see the connection
+/// end without the last chunk; the replica must see its connection closed (not pooled); the
+/// next request is served on a new upstream connection.
+void expect_upstream_stream_aborted(env& e, std::string tail, const std::string& what) {
+  const auto disconnects = e.r.disconnects();
+  e.r.queue_behaviour(replica_behaviour::respond(
+      200, {{"Content-Type", "text/event-stream"}, {"Transfer-Encoding", "chunked"}}, "5\r\nhello\r\n" + tail));
+  auto c = send_raw(loopback, e.p.port(), get_req("/endless"));
+  ASSERT_TRUE(c.connected()) << what << ": " << c.error();
+  auto raw = c.read_until_close(5s);
+  EXPECT_FALSE(raw.timed_out) << what << ": the stream was not aborted (buffered past the cap?)";
+  EXPECT_EQ(raw.bytes.rfind("HTTP/1.1 200", 0), 0u) << what << ": " << raw.bytes.substr(0, 200);
+  EXPECT_NE(raw.bytes.find("\r\n\r\n5\r\nhello\r\n"), std::string::npos) << what << ": first chunk not relayed";
+  EXPECT_EQ(raw.bytes.find("\r\n0\r\n"), std::string::npos) << what << ": a truncated stream was given a clean end";
+  EXPECT_TRUE(e.r.wait_for_disconnects(disconnects + 1, 3s)) << what << ": the upstream connection was kept";
+
+  expect_served(e, get_req("/after-endless"), what);
+  auto rec = e.r.requests();
+  ASSERT_GE(rec.size(), 2u);
+  EXPECT_NE(rec[rec.size() - 1].connection_id, rec[rec.size() - 2].connection_id)
+      << what << ": the upstream connection of the aborted stream was reused";
+}
+
+TEST(Hardening, A10_upstream_endless_chunk_size_line_aborts_stream) {
+  env e(endless_config());
+  expect_upstream_stream_aborted(e, "1" + std::string(endless_bytes, '0'), "endless chunk-size digits");
+  expect_upstream_stream_aborted(e, "1;ext=" + std::string(endless_bytes, 'x'), "endless chunk extension");
+  expect_alive(e);
+}
+
+TEST(Hardening, A11_upstream_endless_trailer_section_aborts_stream) {
+  env e(endless_config());
+  std::string fields;
+  while (fields.size() < endless_bytes) fields += "X-Trailer-" + std::to_string(fields.size()) + ": t\r\n";
+  expect_upstream_stream_aborted(e, "0\r\n" + fields, "endless trailer section (short fields)");
+  expect_upstream_stream_aborted(e, "0\r\nX-T: " + std::string(endless_bytes, 'a'), "endless trailer line");
+  expect_alive(e);
+}
+
+TEST(Hardening, A10_router_endless_chunk_line_is_no_reply) {
+  // A router reply that never ends its chunk-size line is no reply (contract §4.2): the next
+  // router is tried, and with none left the request gets router_unreachable — at once, not
+  // after router.timeout.
+  const auto endless_reply = router_behaviour::respond(
+      200, "1" + std::string(endless_bytes, '0'),
+      {{"Content-Type", "application/json"}, {"Transfer-Encoding", "chunked"}});
+  replica_server r(named(replica_name));
+  // Bound to the proxy's node ip (127.0.0.2), so both routers are co-located and in the pool.
+  router_server bad({.name = "SERVE_REPLICA::app#Router#bad", .bind_ip = "127.0.0.2", .port = 0});
+  router_server good({.name = "SERVE_REPLICA::app#Router#good", .bind_ip = "127.0.0.2", .port = 0});
+  bad.set_behaviour(endless_reply);
+  good.set_replicas({replica_name});
+  {
+    proxy p(endless_config());
+    p.set_topology(topology_builder().app("app", "/", {target_of(r)}).routers({target_of(bad), target_of(good)}));
+    // The cursor advances per request, so the endless router comes first in one of these two.
+    for (int i = 0; i < 2; ++i) {
+      auto res = testing::http_post(loopback, p.port(), "/v1/chat", {}, "{}", 5s);
+      ASSERT_TRUE(res.complete) << "request " << i << ": " << res.error;
+      EXPECT_EQ(res.status, 200u) << "request " << i << ": " << res.body;
+      EXPECT_EQ(res.header_count("x-serve-reason"), 0u);
+    }
+    EXPECT_EQ(bad.route_requests().size(), 1u) << "tried once, then remembered as failed";
+    EXPECT_EQ(good.route_requests().size(), 2u);
+    EXPECT_EQ(r.request_count(), 2u);
+    EXPECT_TRUE(bad.wait_for_disconnects(1, 3s)) << "the connection that sent the endless line was kept";
+  }
+  {
+    proxy p(endless_config());
+    p.set_topology(topology_builder().app("app", "/", {target_of(r)}).routers({target_of(bad)}));
+    const auto t0 = testing::clock::now();
+    auto res = testing::http_post(loopback, p.port(), "/v1/chat", {}, "{}", 5s);
+    ASSERT_TRUE(res.complete) << res.error;
+    EXPECT_EQ(res.status, 503u) << res.body;
+    EXPECT_EQ(res.header("x-serve-reason").value_or(""), "router_unreachable");
+    EXPECT_EQ(res.body, "Ingress request router failed: router_unreachable");
+    EXPECT_LT(testing::clock::now() - t0, 3s);
+    EXPECT_EQ(r.request_count(), 2u) << "nothing more reached the replica";
+    auto again = testing::http_get(loopback, p.port(), "/still-alive", {}, 3s);  // GET: no router call
+    EXPECT_EQ(again.status, 200u);
+  }
+}
+
 TEST(Hardening, A12_whitespace_line_after_request_line_rejected) {
   env e;
   expect_refused(e, "GET /a HTTP/1.1\r\n \r\nHost: ingressd\r\n\r\n", 400, "whitespace line");

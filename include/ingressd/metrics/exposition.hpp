@@ -25,6 +25,8 @@ struct scrape_input {
   std::uint64_t topology_errors = 0;     ///< ingressd_topology_errors_total
   std::uint64_t config_reloads = 0;      ///< ingressd_config_reloads_total
   std::uint64_t config_errors = 0;       ///< ingressd_config_reload_errors_total
+  std::uint64_t config_generations = 0;  ///< ingressd_config_generations
+  std::uint64_t accept_errors = 0;       ///< ingressd_accept_errors_total
   std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
 };
 
