@@ -283,7 +283,7 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
       co_return router_exchange{};
     }
     router_exchange out{true, rp.status(), std::move(rp.body())};
-    if (rp.keep_alive() && conn->buf.size() == 0) w_.pool().put(std::move(conn));
+    if (rp.keep_alive() && conn->buf.size() == 0) w_.pool().put(std::move(conn), upstream::router_pool_scale);
     co_return out;
   }
   co_return router_exchange{};

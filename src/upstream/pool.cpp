@@ -31,9 +31,9 @@ connection_ptr pool::take(const std::string& key) {
   return nullptr;
 }
 
-void pool::put(connection_ptr c) {
+void pool::put(connection_ptr c, unsigned scale) {
   auto& v = idle_[c->key];
-  if (v.size() >= max_idle_) {
+  if (v.size() >= std::size_t{max_idle_} * scale) {
     error_code ignored;
     c->sock.close(ignored);
     return;
