@@ -97,6 +97,7 @@ else
 fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
+STREAMS_N=$(( IDLE_N < (NOFILE - 1000) / 2 ? IDLE_N : (NOFILE - 1000) / 2 ))  # a stream takes 2 fds in the proxy
 if ((IDLE_N + 2000 > NOFILE)); then
   log "WARNING: ulimit -n is $NOFILE; idle connection test reduced from $IDLE_N to $((NOFILE - 2000))"
   IDLE_N=$((NOFILE - 2000))
@@ -485,6 +486,16 @@ run_idle() { # round proxy
     --scenario idle --keys bytes_per_conn,failed,non200,closed_in_sample >>"$RESULTS"
 }
 
+run_streams() { # round proxy: memory per concurrent SSE stream (router path, streams held open)
+  local round=$1 proxy=$2 port pid json
+  port=$(proxy_port "$proxy"); pid=$(proxy_pid "$proxy")
+  json=$(taskset -c $LOAD_CORE python3 "$LIB/sse_streams.py" --port "$port" --pid "$pid" --n "$STREAMS_N" \
+         --hold-ms 120000) || true
+  log "[r$round] streams $proxy: $json"
+  [ -n "$json" ] && python3 "$LIB/report.py" json --json "$json" --round "$round" --proxy "$proxy" \
+    --scenario streams --keys held,bytes_per_stream,failed >>"$RESULTS"
+}
+
 run_ttft() { # round proxy|direct
   local round=$1 proxy=$2 port json
   if [ "$proxy" = direct ]; then port=$P_SSE; else port=$(proxy_port "$proxy"); fi
@@ -560,6 +571,12 @@ for ((r = 1; r <= ROUNDS; r++)); do
   # load test both processes keep freed memory (HAProxy in its pools, ingressd in malloc), and new
   # idle connections would reuse it for free
   for p in "${ORDER[@]}"; do run_idle "$r" "$p"; done
+  # many SSE streams at once: after the idle test, on the same fresh processes, before the load
+  # tests; the proxies are restarted afterwards so that the streams' memory does not linger
+  if ((! QUICK)); then
+    for p in "${ORDER[@]}"; do run_streams "$r" "$p"; done
+    stop_proxies; start_proxies 1
+  fi
   run_ttft "$r" direct
   for p in "${ORDER[@]}"; do run_ttft "$r" "$p"; done
   for scen in "${SCENARIOS[@]}"; do

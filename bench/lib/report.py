@@ -112,6 +112,8 @@ ROWS = [
     ("sse", "lag_p50_ms", "SSE per-event delay p50 ms", "%.3f", "lo"),
     ("sse", "batched", "SSE events batched (count)", "%.0f", "lo"),
     ("idle", "bytes_per_conn", "idle keep-alive conn: RSS bytes/conn", "%.0f", "lo"),
+    ("streams", "held", "SSE streams held open at once (count)", "%.0f", "hi"),
+    ("streams", "bytes_per_stream", "SSE streams held: RSS bytes/stream", "%.0f", "lo"),
 ]
 ERROR_SCENARIOS = ["plain_c64", "router_c16", "router_c64", "router_c256", "router_c64_t2"]
 
@@ -225,7 +227,7 @@ def cmd_table(a):
                      % (statistics.median(fo), max(fo)))
     errs = []
     for proxy in ("ingressd", "haproxy"):
-        for scen in ERROR_SCENARIOS + ["sse", "idle"]:
+        for scen in ERROR_SCENARIOS + ["sse", "idle", "streams"]:
             for metric in ("errors", "failed", "non200", "closed_in_sample"):
                 d = data.get((proxy, scen, metric), {})
                 tot = sum(d.values())
@@ -272,6 +274,11 @@ def cmd_table(a):
     goal("(4) idle conn RSS/conn <= HAProxy", r, r is not None and r <= 1.0,
          "%.2fx (%.0f vs %.0f bytes)" % (r or 0, m("ingressd", "idle", "bytes_per_conn") or 0,
                                         m("haproxy", "idle", "bytes_per_conn") or 0))
+    sb, sn = m("ingressd", "streams", "bytes_per_stream"), m("ingressd", "streams", "held")
+    if sb:
+        goals.append("  [info] (5) %d concurrent SSE streams held: ingressd %.0f bytes/stream, haproxy %s"
+                     % (sn or 0, sb, "%.0f" % m("haproxy", "streams", "bytes_per_stream")
+                        if m("haproxy", "streams", "bytes_per_stream") else "-"))
     t1, t2 = m("ingressd", "router_c64", "rps"), m("ingressd", "router_c64_t2", "rps")
     h1, h2 = m("haproxy", "router_c64", "rps"), m("haproxy", "router_c64_t2", "rps")
     if t1 and t2:

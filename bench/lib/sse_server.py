@@ -8,6 +8,8 @@ apart. Each event is written in its own chunk and flushed on its own, and carrie
 CLOCK_MONOTONIC send time in nanoseconds, so the client can measure the delay each hop adds to
 every event and tell whether a proxy batched events together.
 
+`?hold_ms=N` on the target keeps the stream open N ms after the first event (many-streams test).
+
 HTTP/1.1 keep-alive is supported (proxies pool upstream connections); HTTP/1.0 or
 `Connection: close` closes after the response. Request bodies with Content-Length or chunked
 framing are read and discarded.
@@ -71,8 +73,20 @@ async def handle(reader, writer, args):
                              b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
                              + conn_hdr + b"\r\n")
                 await writer.drain()
+                # `?hold_ms=N` (the many-streams test): the stream stays open N ms after its
+                # first event, as a long generation would.
+                hold_ms = None
+                if b"?hold_ms=" in target:
+                    hold_ms = float(target.split(b"?hold_ms=", 1)[1].split(b"&", 1)[0])
                 for i in range(args.events):
-                    if i:
+                    if i and hold_ms is not None:
+                        # hold, but end at once when the peer closes (no descriptor left behind)
+                        try:
+                            if await asyncio.wait_for(reader.read(1), hold_ms / 1000.0) == b"":
+                                return
+                        except asyncio.TimeoutError:
+                            pass
+                    elif i:
                         await asyncio.sleep(args.interval_ms / 1000.0)
                     ev = b'data: {"i":%d,"t":%d,"text":"tok"}\n\n' % (i, time.monotonic_ns())
                     writer.write(chunk(ev))
