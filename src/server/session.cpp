@@ -589,13 +589,18 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     expect_continue = has_body;
   }
 
-  std::string request_id;
+  // The client's id (a view into the parsed head, alive for the whole request), else a fresh one
+  // kept in this frame: no allocation either way.
+  std::array<char, 36> generated_id;
+  std::string_view request_id;
   if (auto it = req.find("x-request-id"); it != req.end() && !it->value().empty() && it->value().size() <= 200 &&
-                                          http::valid_field_value(it->value()))
-    request_id.assign(it->value());
-  else
-    request_id = w_.next_request_id();
-  if (logging()) rq_->rec.request_id = request_id;
+                                          http::valid_field_value(it->value())) {
+    request_id = std::string_view(it->value().data(), it->value().size());
+  } else {
+    generated_id = w_.next_request_id();
+    request_id = std::string_view(generated_id.data(), generated_id.size());
+  }
+  if (logging()) rq_->rec.request_id.assign(request_id);
 
   std::shared_ptr<const topology::snapshot> snap = w_.snapshot_ptr();
   const std::string app_name = snap->apps[app_index].name;

@@ -231,7 +231,7 @@ bool worker::healthy() const {
   return false;
 }
 
-std::string worker::next_request_id() {
+std::array<char, 36> worker::next_request_id() {
   // UUID version 4 text from this worker's generator (splitmix64 over a random seed): no lock,
   // no syscall, a few nanoseconds.
   auto next = [this] {
@@ -244,7 +244,8 @@ std::string worker::next_request_id() {
   hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;
   lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;
   static constexpr char hex[] = "0123456789abcdef";
-  std::string out(36, '-');
+  std::array<char, 36> out;
+  out.fill('-');
   std::size_t pos = 0;
   auto put = [&](std::uint64_t v) {
     for (int i = 15; i >= 0; --i) {

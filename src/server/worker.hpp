@@ -4,6 +4,7 @@
 // worker is shared with another thread except through `shared_state` (atomics) and immutable
 // snapshots posted to it.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -141,8 +142,8 @@ class worker {
   /// Per-app request metrics: written on this worker's thread, read by the admin thread.
   metrics::worker_metrics& metrics() { return metrics_; }
   const metrics::worker_metrics& metrics() const { return metrics_; }
-  /// A fresh request id (UUID-4 text) from this worker's generator.
-  std::string next_request_id();
+  /// A fresh request id (UUID-4 text) from this worker's generator; by value, no allocation.
+  std::array<char, 36> next_request_id();
   /// Request scratch (heads, body prefix, relay buffer, per-request timers, access-log record)
   /// that sessions gave back when they went idle, for the next request on this worker: an idle
   /// connection holds none, and a busy worker does not allocate it per request (the 16 KiB relay
