@@ -232,7 +232,8 @@ std::optional<std::string> daemon::reload(std::shared_ptr<const config::config> 
     std::lock_guard lk(d.cfg_mu);
     d.cfg = next;
   }
-  // Counted before any worker applies it: whoever sees the new behaviour also sees the count.
+  // Counted before any worker can apply it: whoever sees the new config in effect (a request,
+  // then a scrape) also sees the reload counted.
   d.shared.config_reloads.fetch_add(1, std::memory_order_relaxed);
   for (auto& w : d.workers) asio::post(w->ioc(), [w = w.get(), next] { w->apply_config(next); });
   return std::nullopt;

@@ -146,11 +146,6 @@ int run(int argc, const char* const* argv) {
   daemon d(cfg);
 
   asio::io_context main_ioc(1);
-  // Before the listeners open: a SIGHUP or SIGTERM that arrives right after start (a reload or
-  // stop issued by systemd the moment the port answers) must be caught and queued, not take the
-  // default action and kill the process.
-  asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
-  signals.add(SIGUSR1);  // reopen the access log (logrotate)
 
   // Replica health checks, once per daemon (contract health.*): routers are not checked (Ray's
   // HAProxy does not either); the failover memory covers them.
@@ -176,6 +171,52 @@ int run(int argc, const char* const* argv) {
     d.set_topology(std::move(snap));
   };
   if (!cfg->topology.file.empty() || cl.demo) publish(doc);
+
+  // SIGHUP: the command line is parsed again, so the file is re-read and the flags still override
+  // it; the result is validated whole before anything changes (hardening I2).
+  auto reload = [&] {
+    if (cl.demo || cfg->config_file.empty()) {
+      spdlog::warn("SIGHUP: no --config file to reload");
+      return;
+    }
+    auto again = config::parse_command_line(argc, argv);
+    if (auto* err = std::get_if<config::config_error>(&again)) {
+      spdlog::error("SIGHUP: config rejected, the running config stays: {}", err->message);
+      d.count_config_error();
+      return;
+    }
+    auto next = std::make_shared<const config::config>(std::get<config::command_line>(again).cfg);
+    if (auto why = d.reload(next)) {
+      spdlog::error("SIGHUP: config rejected, the running config stays: {}", *why);
+      d.count_config_error();
+      return;
+    }
+    if (next->topology != cfg->topology || next->health != cfg->health || next->access_log != cfg->access_log ||
+        next->node_ip != cfg->node_ip)
+      spdlog::warn("SIGHUP: topology, health, node_ip and access_log settings take effect on restart");
+    spdlog::info("SIGHUP: configuration reloaded from {}", next->config_file);
+  };
+
+  // Installed before the listeners open: a signal that comes as soon as the port answers is
+  // queued until main_ioc runs, instead of taking its default action and killing the process.
+  asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
+  signals.add(SIGUSR1);  // reopen the access log (logrotate)
+  std::function<void()> wait_signal = [&] {
+    signals.async_wait([&](error_code ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        reload();
+      } else if (sig == SIGUSR1) {
+        if (d.reopen_access_log()) spdlog::info("SIGUSR1: access log reopened");
+      } else {
+        spdlog::info("{}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        d.begin_drain();
+      }
+      wait_signal();
+    });
+  };
+  wait_signal();
+
   try {
     d.start();
   } catch (const std::exception& e) {
@@ -223,47 +264,6 @@ int run(int argc, const char* const* argv) {
         admin.c_str(), admin.c_str());
     std::fflush(stdout);
   }
-
-  // SIGHUP: the command line is parsed again, so the file is re-read and the flags still override
-  // it; the result is validated whole before anything changes (hardening I2).
-  auto reload = [&] {
-    if (cl.demo || cfg->config_file.empty()) {
-      spdlog::warn("SIGHUP: no --config file to reload");
-      return;
-    }
-    auto again = config::parse_command_line(argc, argv);
-    if (auto* err = std::get_if<config::config_error>(&again)) {
-      spdlog::error("SIGHUP: config rejected, the running config stays: {}", err->message);
-      d.count_config_error();
-      return;
-    }
-    auto next = std::make_shared<const config::config>(std::get<config::command_line>(again).cfg);
-    if (auto why = d.reload(next)) {
-      spdlog::error("SIGHUP: config rejected, the running config stays: {}", *why);
-      d.count_config_error();
-      return;
-    }
-    if (next->topology != cfg->topology || next->health != cfg->health || next->access_log != cfg->access_log ||
-        next->node_ip != cfg->node_ip)
-      spdlog::warn("SIGHUP: topology, health, node_ip and access_log settings take effect on restart");
-    spdlog::info("SIGHUP: configuration reloaded from {}", next->config_file);
-  };
-
-  std::function<void()> wait_signal = [&] {
-    signals.async_wait([&](error_code ec, int sig) {
-      if (ec) return;
-      if (sig == SIGHUP) {
-        reload();
-      } else if (sig == SIGUSR1) {
-        if (d.reopen_access_log()) spdlog::info("SIGUSR1: access log reopened");
-      } else {
-        spdlog::info("{}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-        d.begin_drain();
-      }
-      wait_signal();
-    });
-  };
-  wait_signal();
 
   std::thread waiter([&] {
     d.wait();
