@@ -6,19 +6,14 @@ one keep-alive GET on each and reads its response, leaves every connection open 
 for the proxy to settle, reads VmRSS again and prints (RSS_N - RSS_0) / N as JSON. Also checks
 that the connections are still open (a sample must not have been closed by the proxy).
 """
-import argparse
 import json
 import socket
 import sys
 import time
 
+import memtest
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+
 
 
 def read_response(s):
@@ -44,18 +39,11 @@ def read_response(s):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--pid", type=int, required=True)
-    ap.add_argument("--n", type=int, default=10000)
-    ap.add_argument("--batch", type=int, default=250)
-    ap.add_argument("--path", default="/v1/models")
-    ap.add_argument("--settle", type=float, default=1.0)
+    ap = memtest.arg_parser("/v1/models")
     args = ap.parse_args()
     req = b"GET %s HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (args.path.encode(), args.host.encode(), args.port)
     time.sleep(args.settle)
-    rss0 = rss_kib(args.pid)
+    rss0 = memtest.rss_kib(args.pid)
     socks, failed, non200 = [], 0, 0
     t0 = time.monotonic()
     for start in range(0, args.n, args.batch):
@@ -77,7 +65,7 @@ def main():
                 s.close()
     open_s = time.monotonic() - t0
     time.sleep(args.settle)
-    rss_n = rss_kib(args.pid)
+    rss_n = memtest.rss_kib(args.pid)
     # liveness sample: an idle, still-open socket has nothing to read (EAGAIN); EOF means closed
     closed = 0
     step = max(1, len(socks) // 200)

@@ -6,18 +6,13 @@ Reads the proxy's VmRSS, opens N streaming POSTs (the router path) in batches, e
 until every stream has received its response head and first event, lets the proxy settle, reads
 VmRSS again and prints (RSS_N - RSS_0) / N as JSON, then closes everything. Standard library only.
 """
-import argparse
 import asyncio
 import json
 import time
 
+import memtest
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+
 
 
 async def open_stream(host, port, req):
@@ -33,22 +28,15 @@ async def open_stream(host, port, req):
 
 
 async def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--pid", type=int, required=True)
-    ap.add_argument("--n", type=int, default=10000)
-    ap.add_argument("--batch", type=int, default=250)
-    ap.add_argument("--path", default="/stream/v1/chat/completions")
+    ap = memtest.arg_parser("/stream/v1/chat/completions")
     ap.add_argument("--hold-ms", type=int, default=60000)
-    ap.add_argument("--settle", type=float, default=1.0)
     args = ap.parse_args()
     body = b'{"model":"llm","stream":true}'
     req = (b"POST %s?hold_ms=%d HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\n\r\n%s" % (args.path.encode(), args.hold_ms, args.host.encode(),
                                               args.port, len(body), body))
     await asyncio.sleep(args.settle)
-    rss0 = rss_kib(args.pid)
+    rss0 = memtest.rss_kib(args.pid)
     writers, failed, first_error = [], 0, ""
     t0 = time.monotonic()
     for start in range(0, args.n, args.batch):
@@ -63,7 +51,7 @@ async def main():
                 writers.append(r)
     opened = time.monotonic() - t0
     await asyncio.sleep(args.settle)
-    rssn = rss_kib(args.pid)
+    rssn = memtest.rss_kib(args.pid)
     held = len(writers)
     for w in writers:
         w.close()

@@ -4,19 +4,9 @@
 // target). Same rules as parse_router_reply; only the JSON parser differs.
 #include <nlohmann/json.hpp>
 
-#include "ingressd/core/text.hpp"
 #include "ingressd/routing/router_reply.hpp"
 
 namespace ingressd::routing::reference {
-
-inline bool reserved(std::string_view name) noexcept {
-  static constexpr std::string_view names[] = {
-      "host", "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection",
-      "te", "upgrade", "expect", "trailer", "x-request-id", "x-forwarded-for", "x-forwarded-proto"};
-  for (auto n : names)
-    if (iequals(n, name)) return true;
-  return false;
-}
 
 inline router_reply parse_router_reply(unsigned status, std::string_view body) {
   router_reply r;
@@ -33,8 +23,8 @@ inline router_reply parse_router_reply(unsigned status, std::string_view body) {
     for (auto it = h->begin(); it != h->end(); ++it) {
       if (!it.value().is_string() || !is_token(it.key())) return r;
       const auto& v = it.value().get_ref<const std::string&>();
-      if (v.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) return r;
-      if (!reserved(it.key())) r.request_headers.emplace_back(it.key(), v);
+      if (!safe_header_value(v)) return r;
+      if (!reserved_request_header(it.key())) r.request_headers.emplace_back(it.key(), v);
     }
   }
   r.replica_id = id->get<std::string>();
