@@ -232,33 +232,11 @@ class json_reader {
     }
     return true;
   }
-  /// One multi-byte UTF-8 sequence at p_ (RFC 3629: no overlongs, surrogates or > U+10FFFF).
+  /// One multi-byte UTF-8 sequence at p_ (core/text.hpp's rules, as nlohmann's).
   bool utf8() noexcept {
-    const auto b0 = static_cast<unsigned char>(*p_);
-    unsigned char lo = 0x80, hi = 0xBF;
-    int more = 0;
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-      more = 1;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-      more = 2;
-      if (b0 == 0xE0) lo = 0xA0;
-      if (b0 == 0xED) hi = 0x9F;
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-      more = 3;
-      if (b0 == 0xF0) lo = 0x90;
-      if (b0 == 0xF4) hi = 0x8F;
-    } else {
-      return false;
-    }
-    if (end_ - p_ <= more) return false;
-    for (int i = 1; i <= more; ++i) {
-      const auto b = static_cast<unsigned char>(p_[i]);
-      if (b < lo || b > hi) return false;
-      lo = 0x80;
-      hi = 0xBF;
-    }
-    p_ += more + 1;
-    return true;
+    const std::size_t n = utf8_sequence(std::string_view(p_, static_cast<std::size_t>(end_ - p_)), 0);
+    p_ += n;
+    return n != 0;
   }
   bool digits() noexcept {
     const char* from = p_;
