@@ -96,23 +96,18 @@ def main():
         if needed not in sections:
             raise SystemExit(f"{doc}: no '## {needed}' section")
 
-    flags = help_flags(binary)
-    documented_flags = [name.split()[0] for name, _ in entries(sections["Command-line flags"])]
-    if documented_flags != flags:
-        missing = [f for f in flags if f not in documented_flags]
-        extra = [f for f in documented_flags if f not in flags]
-        problems.append(f"flags: --help lists {flags}, {doc} documents {documented_flags}"
-                        f" (missing: {missing}, not in --help: {extra})")
+    def same_list(what, want, want_from, got):
+        if got != want:
+            missing = [x for x in want if x not in got]
+            extra = [x for x in got if x not in want]
+            problems.append(f"{what}: {want_from} lists {want}, {doc} documents {got}"
+                            f" (missing: {missing}; not in {want_from}: {extra})")
 
+    flags = help_flags(binary)
+    same_list("flags", flags, "--help", [name.split()[0] for name, _ in entries(sections["Command-line flags"])])
     keys = example_keys(example)
     documented = entries(sections["Configuration keys"])
-    want_names = [k for k, _ in keys]
-    got_names = [k for k, _ in documented]
-    if got_names != want_names:
-        missing = [k for k in want_names if k not in got_names]
-        extra = [k for k in got_names if k not in want_names]
-        problems.append(f"keys: {doc} differs from {example} in keys or order"
-                        f" (missing: {missing}; not in the example: {extra})")
+    same_list("keys (names and order)", [k for k, _ in keys], example, [k for k, _ in documented])
 
     defaults = dict(keys)
     columns = ["type", "default", "units", "valid range", "flag", "SIGHUP"]
