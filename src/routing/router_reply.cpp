@@ -307,28 +307,30 @@ bool read_headers(json_reader& in, std::vector<std::pair<std::string, std::strin
   }
   in.eat('{');
   if (in.eat('}')) return true;
+  struct member {
+    std::string name, value;
+    bool is_string;
+  };
+  std::vector<member> all;
   std::string name_scratch, value_scratch;
   do {
     std::string_view name;
     if (!in.string(name, name_scratch) || !in.eat(':')) return false;
-    std::string n(name);
-    if (in.peek('"')) {
-      std::string_view value;
-      if (!in.string(value, value_scratch)) return false;
-      out.emplace_back(std::move(n), std::string(value));
-    } else {
-      if (!in.skip_value()) return false;
-      usable = false;
-    }
+    member m{std::string(name), {}, in.peek('"')};
+    std::string_view value;
+    if (m.is_string ? !in.string(value, value_scratch) : !in.skip_value()) return false;
+    m.value.assign(value);
+    all.push_back(std::move(m));
   } while (in.eat(','));
   if (!in.eat('}')) return false;
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  // keep the last of equal names
-  std::vector<std::pair<std::string, std::string>> unique;
-  unique.reserve(out.size());
-  for (std::size_t i = 0; i < out.size(); ++i)
-    if (i + 1 == out.size() || out[i + 1].first != out[i].first) unique.push_back(std::move(out[i]));
-  out = std::move(unique);
+  // As in a JSON object: the last member of a name wins (a later string can replace an earlier
+  // non-string and the other way round); names come out sorted.
+  std::stable_sort(all.begin(), all.end(), [](const member& a, const member& b) { return a.name < b.name; });
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (i + 1 < all.size() && all[i + 1].name == all[i].name) continue;
+    if (!all[i].is_string) usable = false;
+    out.emplace_back(std::move(all[i].name), std::move(all[i].value));
+  }
   return true;
 }
 

@@ -77,6 +77,8 @@ const std::vector<std::string>& cases() {
       R"({"replica_id":"x","request_headers":{"x-a":"\u00e9","x\u002db":"v"}})",
       R"({"replica_id":"x","request_headers":{"x-a":"v",}})", R"({"replica_id":"x","request_headers":{"x-a"}})",
       R"({"replica_id":"x","request_headers":nul})", R"({"replica_id":"x","request_headers":{"a":"1"})",
+      // found by router_reply_fuzz: a repeated header name whose last value is (not) a string
+      R"({"replica_id":"x","request_headers":{"a":true,"a":"1"}})", R"({"replica_id":"x","request_headers":{"a":"1","a":true}})",
       // found by router_reply_fuzz: an unusable header after a usable one
       R"({"replica_id":"x","request_headers":{"serv99d":"m1","d":"x","request_headers":{"sx-a":"b","x-a":"c"}}})",
   };
