@@ -4,6 +4,7 @@
 #
 #   bench/run.sh [--quick] [--rounds N] [--duration S] [--idle-conns N] [--ingressd PATH] [--keep]
 #   bench/run.sh --profile plain|router [--duration S]    # ingressd under callgrind, instructions/request
+#   bench/run.sh --scaling [--rounds N]                   # only the 1 -> 2 thread runs (see README)
 #
 # Layout (2 cores): core 1 = the proxy under test (ingressd --threads 1 / HAProxy nbthread 1),
 # core 0 = everything else (wrk, nginx fakes for replicas and routers, the Python SSE replica and
@@ -19,6 +20,7 @@ ROOT=$(dirname "$HERE")
 LIB=$HERE/lib
 
 QUICK=0
+SCALING_ONLY=0
 ROUNDS=""
 DURATION=""
 IDLE_N=""
@@ -28,10 +30,11 @@ INGRESSD=${INGRESSD:-$ROOT/build/release/ingressd}
 PORT_BASE=${BENCH_PORT_BASE:-18400}
 GATE_RATIO=${BENCH_GATE_RATIO:-2.0}
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case $1 in
     --quick) QUICK=1 ;;
+    --scaling) SCALING_ONLY=1 ;;
     --rounds) ROUNDS=$2; shift ;;
     --duration) DURATION=$2; shift ;;
     --idle-conns) IDLE_N=$2; shift ;;
@@ -49,6 +52,9 @@ if [ -n "$PROFILE" ]; then
 elif ((QUICK)); then
   ROUNDS=${ROUNDS:-1}; DURATION=${DURATION:-4}; WARMUP=1; IDLE_N=${IDLE_N:-2000}; TTFT_N=50
   SCENARIOS=(plain_c64 router_c64); THREADS2=0
+elif ((SCALING_ONLY)); then
+  ROUNDS=${ROUNDS:-2}; DURATION=${DURATION:-8}; WARMUP=2; IDLE_N=${IDLE_N:-100}; TTFT_N=0
+  SCENARIOS=(router_c64); THREADS2=1
 else
   ROUNDS=${ROUNDS:-3}; DURATION=${DURATION:-8}; WARMUP=2; IDLE_N=${IDLE_N:-10000}; TTFT_N=200
   SCENARIOS=(plain_c64 router_c16 router_c64 router_c256); THREADS2=1
@@ -133,6 +139,8 @@ cleanup() {
     sleep 0.2
   done
   for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  sleep 0.2
+  release_budgets
   wait 2>/dev/null || true
   if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
   exit $rc
@@ -433,6 +441,45 @@ start_proxies() { # threads
   probe 127.0.0.1 "$lp" || { tail -20 "$TMP/ingressd.log" >&2; exit 1; }
   probe 127.0.0.1 "$hp" || { tail -20 "$TMP/haproxy.log" >&2; exit 1; }
 }
+# ---- per-thread CPU budgets (the scaling test). On 2 cores, wrk and the nginx fakes need ~0.8 of a
+# core to feed one ingressd thread, so a second proxy thread can only take CPU from them: the
+# machine, not the proxy, sets the 2-thread throughput. To see whether the proxy's own threads
+# scale, each proxy thread gets the same fixed budget (a cgroup v1 CPU quota, BENCH_THREAD_BUDGET
+# percent of a core, default 30) and is pinned to its own core, which leaves the load room to spare.
+CG_ROOT=/sys/fs/cgroup/cpu
+BUDGET_PCT=${BENCH_THREAD_BUDGET:-30}
+CGROUPS=()
+budget_available() { [ -e "$CG_ROOT/cpu.cfs_quota_us" ] && mkdir "$CG_ROOT/ingressd-bench-probe-$$" 2>/dev/null &&
+                     rmdir "$CG_ROOT/ingressd-bench-probe-$$"; }
+proxy_threads() { # pid: the threads that carry traffic (ingressd's workers; every HAProxy thread)
+  local pid=$1 t
+  for t in /proc/"$pid"/task/*; do
+    local comm; comm=$(cat "$t/comm" 2>/dev/null) || continue
+    if [ "$pid" = "$ING_PID" ]; then [[ $comm == ingressd-w* ]] || continue; fi
+    echo "${t##*/}"
+  done
+}
+budget_threads() { # pid core...: the i-th traffic thread on the i-th core, each with its own quota
+  local pid=$1; shift
+  local cores=("$@") i=0 t cg
+  for t in $(proxy_threads "$pid"); do
+    cg=$CG_ROOT/ingressd-bench-$$-$t
+    mkdir "$cg"
+    CGROUPS+=("$cg")
+    echo 10000 >"$cg/cpu.cfs_period_us"
+    echo $((BUDGET_PCT * 100)) >"$cg/cpu.cfs_quota_us"
+    echo "$t" >"$cg/tasks"
+    taskset -p -c "${cores[i % ${#cores[@]}]}" "$t" >/dev/null
+    i=$((i + 1))
+  done
+  ((i > 0)) || { log "ERROR: no traffic threads found in pid $pid"; exit 1; }
+}
+release_budgets() { # after the budgeted proxies stopped: their cgroups are empty and can go
+  local cg
+  for cg in "${CGROUPS[@]}"; do rmdir "$cg" 2>/dev/null || true; done
+  CGROUPS=()
+}
+
 stop_proxies() {
   for pid in "$ING_PID" "$HAP_PID"; do
     kill -0 "$pid" 2>/dev/null || { log "ERROR: proxy pid $pid died during the run (see logs)"; }
@@ -560,6 +607,12 @@ if [ -n "$PROFILE" ]; then
   exit 0
 fi
 
+BUDGETS=0
+if ((THREADS2)); then
+  if budget_available; then BUDGETS=1
+  else log "per-thread CPU budgets need a writable cgroup v1 cpu controller ($CG_ROOT, root): scaling under budgets not measured"; fi
+fi
+
 # direct baselines: generator + upstream capacity on core 0 (must be well above the proxies' rates)
 run_wrk 0 direct "${REPLICA_PORTS[0]}" "" direct_get_c64 64 GET
 run_wrk 0 direct "${REPLICA_PORTS[0]}" "" direct_post_c64 64 POST
@@ -570,15 +623,17 @@ for ((r = 1; r <= ROUNDS; r++)); do
   # idle memory first, on freshly started processes (only the readiness probe has run): after a
   # load test both processes keep freed memory (HAProxy in its pools, ingressd in malloc), and new
   # idle connections would reuse it for free
-  for p in "${ORDER[@]}"; do run_idle "$r" "$p"; done
+  ((SCALING_ONLY)) || for p in "${ORDER[@]}"; do run_idle "$r" "$p"; done
   # many SSE streams at once: after the idle test, on the same fresh processes, before the load
   # tests; the proxies are restarted afterwards so that the streams' memory does not linger
-  if ((! QUICK)); then
+  if ((! QUICK && ! SCALING_ONLY)); then
     for p in "${ORDER[@]}"; do run_streams "$r" "$p"; done
     stop_proxies; start_proxies 1
   fi
-  run_ttft "$r" direct
-  for p in "${ORDER[@]}"; do run_ttft "$r" "$p"; done
+  if ((! SCALING_ONLY)); then
+    run_ttft "$r" direct
+    for p in "${ORDER[@]}"; do run_ttft "$r" "$p"; done
+  fi
   for scen in "${SCENARIOS[@]}"; do
     conns=${scen##*_c}; kind=POST; [[ $scen == plain_* ]] && kind=GET
     for p in "${ORDER[@]}"; do
@@ -592,6 +647,19 @@ for ((r = 1; r <= ROUNDS; r++)); do
       run_wrk "$r" "$p" "$(proxy_port "$p")" "$(proxy_pid "$p")" router_c64_t2 64 POST
     done
     stop_proxies
+    if ((BUDGETS)); then
+      for threads in 1 2; do
+        start_proxies "$threads"
+        cores=("$PROXY_CORE"); ((threads == 2)) && cores=("$PROXY_CORE" "$LOAD_CORE")
+        budget_threads "$ING_PID" "${cores[@]}"
+        budget_threads "$HAP_PID" "${cores[@]}"
+        for p in "${ORDER[@]}"; do
+          run_wrk "$r" "$p" "$(proxy_port "$p")" "$(proxy_pid "$p")" "router_c64_b$threads" 64 POST
+        done
+        stop_proxies
+        release_budgets
+      done
+    fi
   fi
 done
 

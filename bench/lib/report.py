@@ -68,7 +68,7 @@ def cmd_wrk(a):
     if a.cpu_ticks is not None and a.elapsed:
         # share of one core the proxy used; what else ran on the proxy core = the rest
         rows["cpu_pct"] = a.cpu_ticks / a.clk_tck / a.elapsed * 100.0
-        if a.core_busy is not None and not a.scenario.endswith("_t2"):
+        if a.core_busy is not None and not a.scenario.endswith(("_t2", "_b2")):
             rows["foreign_pct"] = max(0.0, a.core_busy - rows["cpu_pct"])
     for k, v in rows.items():
         if v is not None:
@@ -106,6 +106,9 @@ ROWS = [
     ("router_c256", "cpu_us", "router POST c256: proxy CPU us/req", "%.1f", "lo"),
     ("router_c64_t2", "rps", "router POST c64, 2 threads: req/s", "%.0f", "hi"),
     ("router_c64_t2", "cpu_us", "router POST c64, 2 threads: CPU us/req", "%.1f", "lo"),
+    ("router_c64_b1", "rps", "router c64, 1 thread, budget: req/s", "%.0f", "hi"),
+    ("router_c64_b2", "rps", "router c64, 2 threads, budget: req/s", "%.0f", "hi"),
+    ("router_c64_b2", "cpu_us", "router c64, 2 thr, budget: CPU us/req", "%.1f", "lo"),
     ("sse", "ttft_p50_ms", "SSE TTFT p50 ms (router path)", "%.3f", "lo"),
     ("sse", "added_p50_ms", "SSE TTFT added over direct, p50 ms", "%.3f", "lo"),
     ("sse", "ttft_p99_ms", "SSE TTFT p99 ms", "%.3f", "lo"),
@@ -115,7 +118,8 @@ ROWS = [
     ("streams", "held", "SSE streams held open at once (count)", "%.0f", "hi"),
     ("streams", "bytes_per_stream", "SSE streams held: RSS bytes/stream", "%.0f", "lo"),
 ]
-ERROR_SCENARIOS = ["plain_c64", "router_c16", "router_c64", "router_c256", "router_c64_t2"]
+ERROR_SCENARIOS = ["plain_c64", "router_c16", "router_c64", "router_c256", "router_c64_t2",
+                   "router_c64_b1", "router_c64_b2"]
 
 
 def load(path):
@@ -279,11 +283,20 @@ def cmd_table(a):
         goals.append("  [info] (5) %d concurrent SSE streams held: ingressd %.0f bytes/stream, haproxy %s"
                      % (sn or 0, sb, "%.0f" % m("haproxy", "streams", "bytes_per_stream")
                         if m("haproxy", "streams", "bytes_per_stream") else "-"))
+    # Scaling where each proxy thread has the same CPU budget (bench/run.sh, BENCH_THREAD_BUDGET):
+    # two threads that share nothing should serve close to twice what one does.
+    b1, b2 = m("ingressd", "router_c64_b1", "rps"), m("ingressd", "router_c64_b2", "rps")
+    hb1, hb2 = m("haproxy", "router_c64_b1", "rps"), m("haproxy", "router_c64_b2", "rps")
+    goal("(5) scaling 1->2 threads, each thread with the same CPU budget: throughput grows >= 1.8x",
+         b2 / b1 if b1 and b2 else None, bool(b1 and b2 and b2 / b1 >= 1.8),
+         "ingressd %.2fx (%.0f -> %.0f req/s), haproxy %s" % (
+             (b2 or 0) / (b1 or 1), b1 or 0, b2 or 0,
+             "%.2fx (%.0f -> %.0f)" % (hb2 / hb1, hb1, hb2) if hb1 and hb2 else "-"))
     t1, t2 = m("ingressd", "router_c64", "rps"), m("ingressd", "router_c64_t2", "rps")
     h1, h2 = m("haproxy", "router_c64", "rps"), m("haproxy", "router_c64_t2", "rps")
     if t1 and t2:
-        goals.append("  [info] (5) scaling 1->2 threads, router c64 (2nd thread shares core 0 with wrk "
-                     "and the fakes): ingressd %.2fx, haproxy %s" % (t2 / t1, "%.2fx" % (h2 / h1) if h1 and h2 else "-"))
+        goals.append("  [info] (5) scaling 1->2 threads without budgets, router c64 (the machine is the limit: "
+                     "the 2nd thread takes core 0 from wrk and the fakes): ingressd %.2fx, haproxy %s" % (t2 / t1, "%.2fx" % (h2 / h1) if h1 and h2 else "-"))
     print()
     print("goals (issue):")
     print("\n".join(goals))
