@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "fakes/http_client.hpp"
@@ -177,6 +178,31 @@ TEST_F(Process, TopologyFileChangesApplyWithoutDroppingConnections) {
   EXPECT_GE(admin_topology().value("topology_errors", 0), 1);
   ASSERT_TRUE(c.write(format_request("GET", "/x", "127.0.0.1", port_, {}, "")));
   EXPECT_EQ(c.read_response(5s).header("x-served-by"), "replica-b");
+  p->signal(SIGTERM);
+  EXPECT_EQ(p->wait(5s), 0);
+}
+
+// Operations (`top -H`, `ps -L`) and the benchmark's per-thread CPU budgets tell the threads apart
+// by name: one `ingressd-w<i>` per worker, one `ingressd-ctl`.
+TEST_F(Process, ThreadsAreNamedByRole) {
+  demo::replica_server a({.name = "replica-a"});
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a)}).build()));
+  auto p = start("", {}, 3);
+  const std::multiset<std::string> want{"ingressd-ctl", "ingressd-w0", "ingressd-w1", "ingressd-w2"};
+  std::multiset<std::string> names;
+  // The port opens before the threads start, so their names may still be on the way.
+  eventually(
+      [&] {
+        names.clear();
+        for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(p->pid()) + "/task")) {
+          std::string comm;
+          std::getline(std::ifstream(t.path() / "comm"), comm);
+          if (comm.starts_with("ingressd-")) names.insert(comm);
+        }
+        return names == want;
+      },
+      5s);
+  EXPECT_EQ(names, want);
   p->signal(SIGTERM);
   EXPECT_EQ(p->wait(5s), 0);
 }
