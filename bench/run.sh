@@ -59,6 +59,8 @@ else
   ROUNDS=${ROUNDS:-3}; DURATION=${DURATION:-8}; WARMUP=2; IDLE_N=${IDLE_N:-10000}; TTFT_N=200
   SCENARIOS=(plain_c64 router_c16 router_c64 router_c256); THREADS2=1
 fi
+# BENCH_SCENARIOS="router_c64 router_c256" narrows the load scenarios of any mode (for quick looks)
+if [ -n "${BENCH_SCENARIOS:-}" ]; then read -ra SCENARIOS <<<"$BENCH_SCENARIOS"; fi
 [[ $ROUNDS =~ ^[1-9][0-9]*$ && $DURATION =~ ^[1-9][0-9]*$ && $IDLE_N =~ ^[1-9][0-9]*$ ]] ||
   { echo "--rounds, --duration and --idle-conns take positive integers" >&2; exit 2; }
 
@@ -86,6 +88,11 @@ if [ ! -x "$INGRESSD" ]; then
   (cd "$ROOT" && cmake --preset release >/dev/null && cmake --build --preset release --target ingressd)
   INGRESSD=$ROOT/build/release/ingressd
 fi
+
+# ingressd runs with the environment its systemd unit gives it: the glibc allocator setting
+# (docs/operations.md, "Memory allocator"). BENCH_GLIBC_TUNABLES overrides it; empty = glibc's defaults.
+ING_TUNABLES=${BENCH_GLIBC_TUNABLES-$(sed -n 's/^Environment=GLIBC_TUNABLES=//p' "$ROOT/packaging/systemd/ingressd.service")}
+ING_ENV=(env ${ING_TUNABLES:+GLIBC_TUNABLES=$ING_TUNABLES} ${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD})
 
 # ------------------------------------------------------------------ machine
 NCPU=$(nproc)
@@ -430,7 +437,7 @@ ING_PID=""; HAP_PID=""
 start_proxies() { # threads
   local threads=$1 core=$PROXY_CORE lp=$P_ING ap=$P_ING_ADMIN hp=$P_HAP cfg=$TMP/haproxy.cfg
   if ((threads == 2)); then core=$BOTH_CORES; lp=$P_ING2; ap=$P_ING2_ADMIN; hp=$P_HAP2; cfg=$TMP/haproxy2.cfg; fi
-  start_bg ingressd "$core" env ${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD} "$INGRESSD" --config "$TMP/ingressd.yaml" --threads "$threads" \
+  start_bg ingressd "$core" "${ING_ENV[@]}" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads "$threads" \
     --listen "127.0.0.1:$lp" --admin-listen "127.0.0.1:$ap" --node-ip "$NODE_IP" \
     --topology-file "$TMP/topology.json"
   ING_PID=$LAST_PID
@@ -554,7 +561,7 @@ run_ttft() { # round proxy|direct
 
 # ------------------------------------------------------------------ run
 T_START=$(date +%s)
-log "temp dir $TMP; ingressd $INGRESSD; $HAP_VERSION"
+log "temp dir $TMP; ingressd $INGRESSD (GLIBC_TUNABLES=${ING_TUNABLES:-unset}); $HAP_VERSION"
 log "cores: proxy on $PROXY_CORE, wrk + fakes + clients on $LOAD_CORE; rounds=$ROUNDS duration=${DURATION}s idle_conns=$IDLE_N; $PRIO"
 log "other load on this machine right now (loadavg): $(cut -d' ' -f1-3 /proc/loadavg)"
 start_bg nginx $LOAD_CORE nginx -p "$TMP" -c "$TMP/nginx.conf"
@@ -567,7 +574,7 @@ wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port $NODE_IP "${ROUTER_PORTS[0]
 if [ -n "$PROFILE" ]; then
   PCONNS=${BENCH_PROFILE_CONNS:-64}
   kind=GET; [ "$PROFILE" = router ] && kind=POST
-  start_bg ingressd "$PROXY_CORE" env ${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD} valgrind --tool=callgrind ${BENCH_CALLGRIND_OPTS:-} --instr-atstart=no --callgrind-out-file="$TMP/callgrind.out" \
+  start_bg ingressd "$PROXY_CORE" "${ING_ENV[@]}" valgrind --tool=callgrind ${BENCH_CALLGRIND_OPTS:-} --instr-atstart=no --callgrind-out-file="$TMP/callgrind.out" \
     "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 --listen "127.0.0.1:$P_ING" \
     --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" --topology-file "$TMP/topology.json"
   ING_PID=$LAST_PID
@@ -589,7 +596,7 @@ if [ -n "$PROFILE" ]; then
   stop_pid "$ING_PID"
   # the kernel side: system calls per request, counted by strace on a native run
   if command -v strace >/dev/null; then
-    start_bg ingressd "$PROXY_CORE" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 \
+    start_bg ingressd "$PROXY_CORE" "${ING_ENV[@]}" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 \
       --listen "127.0.0.1:$P_ING" --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" \
       --topology-file "$TMP/topology.json"
     ING_PID=$LAST_PID

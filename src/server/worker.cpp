@@ -117,6 +117,7 @@ awaitable<void> worker::sweep_loop() {
     auto [ec] = co_await t.async_wait(nothrow);
     if (stopping_) break;
     pool_.sweep(std::chrono::steady_clock::now(), pool_max_idle);
+    trim_spare_scratch();
     // After a burst of connections has gone, hand the freed heap back to the kernel: glibc
     // keeps it otherwise, and the idle process stays at its peak RSS.
     const auto open = stats_.active_connections.get();
@@ -155,11 +156,20 @@ std::unique_ptr<request_scratch> worker::take_scratch() {
   if (spare_scratch_.empty()) return std::make_unique<request_scratch>(ioc_);
   auto s = std::move(spare_scratch_.back());
   spare_scratch_.pop_back();
+  spare_low_ = std::min(spare_low_, spare_scratch_.size());
   return s;
 }
 
+void worker::trim_spare_scratch() {
+  const std::size_t unused = (std::min(spare_low_, spare_scratch_.size()) + 1) / 2;
+  spare_scratch_.resize(spare_scratch_.size() - unused);
+  spare_low_ = spare_scratch_.size();
+}
+
 void worker::give_scratch(std::unique_ptr<request_scratch> s) {
-  if (!s || spare_scratch_.size() >= max_spare_scratch) return;
+  // No cap: the spares never outnumber the requests once in flight at the same time, which
+  // client.max_connections bounds, and trim_spare_scratch() returns them after the peak.
+  if (!s) return;
   // Keep what a typical request reuses; a large body prefix is not worth holding on to.
   s->head.clear();
   if (s->prebody.capacity() > 4096) std::string().swap(s->prebody);

@@ -100,8 +100,6 @@ using session_hook = boost::intrusive::list_base_hook<boost::intrusive::link_mod
 
 /// Bytes relayed per read on a stream (each direction): the per-stream buffer (hardening H4).
 inline constexpr std::size_t relay_size = 16 * 1024;
-/// Spare request scratch a worker keeps for its next requests (about 1 MiB per worker at most).
-inline constexpr std::size_t max_spare_scratch = 64;
 
 class worker {
  public:
@@ -147,9 +145,14 @@ class worker {
   /// Request scratch (heads, body prefix, relay buffer, per-request timers, access-log record)
   /// that sessions gave back when they went idle, for the next request on this worker: an idle
   /// connection holds none, and a busy worker does not allocate it per request (the 16 KiB relay
-  /// buffer would take glibc's slow path every time). At most max_spare_scratch are kept.
+  /// buffer would take glibc's slow path every time). The spares follow the load: as many as
+  /// requests in flight needed at their peak, trimmed once a second by trim_spare_scratch().
   std::unique_ptr<request_scratch> take_scratch();
   void give_scratch(std::unique_ptr<request_scratch> s);
+  /// Frees half of the spares that no request needed since the last trim, so that a burst's
+  /// scratch is gone some seconds after it. (A fixed cap instead made every request beyond it
+  /// allocate and free ~17 KiB whenever more requests were in flight than the cap.)
+  void trim_spare_scratch();
   /// Least-loaded healthy replica of app `i` not rejected by `skip`, or nullopt.
   template <class Skip>
   std::optional<std::size_t> least_loaded(std::size_t i, Skip skip);
@@ -190,6 +193,7 @@ class worker {
   asio::io_context ioc_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   // After ioc_, so destroyed before it: the spares hold timers of this io_context.
   std::vector<std::unique_ptr<request_scratch>> spare_scratch_;
+  std::size_t spare_low_ = 0;  ///< fewest spares since the last trim: that many went unused
 };
 
 template <class Skip>

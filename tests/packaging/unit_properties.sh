@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # ctest packaging.unit_properties: the systemd unit has the settings docs/operations.md promises.
 #
-#   unit_properties.sh UNIT EXAMPLE_CONFIG
+#   unit_properties.sh UNIT EXAMPLE_CONFIG CONTAINERFILE
 #
 # The drain and connection defaults are read from EXAMPLE_CONFIG (config/ingressd.example.yaml,
 # which a unit test holds equal to the compiled-in defaults), so they are written down only once.
 set -euo pipefail
-unit=$1 example=$2
+unit=$1 example=$2 containerfile=$3
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
@@ -106,6 +106,13 @@ elif [ "$nofile" != infinity ]; then
   [[ $soft =~ ^[0-9]+$ ]] && [ "$soft" -lt $(( 2 * max_connections )) ] &&
     fail "LimitNOFILE=$nofile is below 2 x client.max_connections ($max_connections)"
 fi
+
+# The allocator tuning the benchmark measures ingressd with (bench/run.sh reads it from the unit):
+# the container image must run with the same.
+tunables=$(service_value Environment)
+[[ $tunables == GLIBC_TUNABLES=*glibc.malloc.tcache_count=* ]] ||
+  fail "Environment= must set GLIBC_TUNABLES with glibc.malloc.tcache_count, got '$tunables'"
+grep -qxF "ENV $tunables" "$containerfile" || fail "$containerfile must have 'ENV $tunables' (the unit's setting)"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures problem(s) in $unit"
