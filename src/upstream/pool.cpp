@@ -14,14 +14,14 @@ bool pool::alive(connection& c) {
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
-connection_ptr pool::take(const std::string& key) {
+connection_ptr pool::take(const std::string& key, staleness check) {
   auto it = idle_.find(key);
   if (it == idle_.end()) return nullptr;
   auto& v = it->second;
   while (!v.empty()) {
     connection_ptr c = std::move(v.back());
     v.pop_back();
-    if (alive(*c)) {
+    if (check == staleness::caller_retries || alive(*c)) {
       c->reused = true;
       return c;
     }

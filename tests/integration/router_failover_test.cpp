@@ -417,6 +417,35 @@ TEST(RouterFailover, RouterClosingAfterEachReplyIsNotAFailure) {
   EXPECT_EQ(router->connections_accepted(), 10u);  // a closed connection is never reused
 }
 
+TEST(RouterFailover, PooledConnectionTheRouterClosedWhileIdleIsNotAFailure) {
+  // The router restarts (its pooled keep-alive connection dies with a FIN while idle): router
+  // connections are taken from the pool without a liveness peek, so the dead one is written to,
+  // fails before any reply byte and the call goes again on a fresh connection.
+  auto a = make_replica("rep-a");
+  auto router = make_router("router-1");
+  router->set_replicas({"rep-a"});
+  const auto port = router->port();
+  testing::proxy p(short_config(1), node_ip);
+  p.set_topology(doc_of({.replicas = {target_of(*a, "rep-a")}, .routers = {target_of(*router, "router-1")}}));
+
+  auto conn = connection::open(proxy_host, p.port());
+  ASSERT_TRUE(conn.connected()) << conn.error();
+  auto r1 = exchange(conn, p, {{"X-Request-Id", "before"}});
+  ASSERT_TRUE(r1.complete) << r1.error;
+  ASSERT_EQ(r1.status, 200u) << r1.body;
+  router->stop();
+  router.reset();
+  auto again = make_router("router-1b", port);
+  again->set_replicas({"rep-a"});
+  auto r2 = exchange(conn, p, {{"X-Request-Id", "after"}});
+  ASSERT_TRUE(r2.complete) << r2.error;
+  EXPECT_EQ(r2.status, 200u) << r2.header("x-serve-reason").value_or("") << " " << r2.body;
+  EXPECT_EQ(served_by(r2), "rep-a");
+  auto calls = again->route_requests();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].header("x-request-id").value_or(""), "after");
+}
+
 TEST(RouterFailover, StalePooledConnectionIsRetriedOnceOnAFreshOne) {
   // A pooled router connection that ends before any reply byte is staleness (the router's
   // keep-alive timer raced our reuse): retried once on a fresh connection, not a failure

@@ -40,9 +40,15 @@ class pool {
  public:
   explicit pool(unsigned max_idle_per_endpoint) : max_idle_(max_idle_per_endpoint) {}
 
-  /// The most recently pooled live connection to `key`, or nullptr. Connections the peer has
-  /// closed (or that have unexpected bytes waiting) are found with a non-blocking peek and closed.
-  connection_ptr take(const std::string& key);
+  /// How take() deals with connections the peer may have closed while they sat in the pool.
+  enum class staleness {
+    peek,            ///< a non-blocking peek finds closed ones (or ones with unexpected bytes) and closes them
+    caller_retries,  ///< no peek: the caller re-sends on a fresh connection when a reused one fails
+                     ///< before any reply byte (one system call less per request; the sweep still
+                     ///< closes dead idle connections every second)
+  };
+  /// The most recently pooled connection to `key`, or nullptr.
+  connection_ptr take(const std::string& key, staleness check = staleness::peek);
   /// Returns a connection for reuse; closed instead when the endpoint already has `scale` times
   /// the maximum idle connections (routers: see router_pool_scale).
   void put(connection_ptr c, unsigned scale = 1);
