@@ -166,7 +166,6 @@ void session::release_buffers() {
 
 void session::expire_idle(clock::time_point now, clock::duration keepalive) {
   if (!idle_ || now - idle_since_ < keepalive) return;
-  timed_out_ = phase::idle;
   close_if_idle();
 }
 
@@ -407,7 +406,6 @@ void session::wait_idle() {
   // ends, not when some keep-alive connection that once served one closes (hardening I3).
   cfg_.reset();
   disarm();
-  phase_ = phase::idle;
   if (waits_ > 0) timer_.cancel();
   sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
     self->idle_ = false;

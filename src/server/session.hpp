@@ -47,7 +47,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 
  private:
   /// What the session waits for; a deadline that passes cancels the I/O of that phase.
-  enum class phase : std::uint8_t { none, idle, head, body, connect, first_byte, stream };
+  enum class phase : std::uint8_t { none, head, body, connect, first_byte, stream };
   using clock = std::chrono::steady_clock;
   // Beast's parsers, minus the field-length throw and trailer merging (http/parse_guards.hpp).
   using request_parser = http::guarded_parser<true, bhttp::buffer_body>;
