@@ -1,6 +1,9 @@
 #include "server/session.hpp"
 
+#include <sys/socket.h>
+
 #include <array>
+#include <cerrno>
 #include <charconv>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -115,22 +118,45 @@ void session::on_deadline() {
 void session::start_watch() {
   watching_ = true;
   watch_stop_ = false;
-  sock_.async_read_some(buf_.prepare(1024), [self = shared_from_this()](error_code ec, std::size_t n) {
-    self->on_watch(ec, n);
-  });
+  watch_parked_ = false;
+  arm_watch();
 }
 
-void session::on_watch(error_code ec, std::size_t n) {
-  if (!ec) {
-    // Pipelined bytes: keep them for the next request and watch on, up to the header limit.
-    buf_.commit(n);
-    if (!watch_stop_ && buf_.size() < cfg().client.max_header_bytes) {
-      sock_.async_read_some(buf_.prepare(1024), [self = shared_from_this()](error_code e, std::size_t m) {
-        self->on_watch(e, m);
-      });
-      return;
+void session::arm_watch() {
+  sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) { self->on_watch(ec); });
+}
+
+void session::on_watch(error_code ec) {
+  if (watch_parked_) {
+    // The request ended while this wait was pending; it has been the idle wait since.
+    watch_parked_ = false;
+    watching_ = false;
+    on_idle_ready(ec);
+    return;
+  }
+  bool gone = ec && ec != asio::error::operation_aborted;
+  if (!ec && !watch_stop_) {
+    // Readable: pipelined bytes (kept for the next request, up to the header limit), or the
+    // client closed or reset. Read without blocking until the socket is drained.
+    const auto cap = cfg().client.max_header_bytes;
+    for (;;) {
+      if (buf_.size() >= cap) break;  // full: stop watching, the next request is complete or too large
+      auto room = buf_.prepare(std::min<std::size_t>(1024, cap - buf_.size()));
+      const auto n = ::recv(sock_.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
+      if (n > 0) {
+        buf_.commit(static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        arm_watch();
+        return;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      gone = true;  // EOF or an error
+      break;
     }
-  } else if (ec != asio::error::operation_aborted) {
+  }
+  if (gone) {
     // EOF or reset: the client is gone. Closing the upstream read makes the replica see its
     // connection close, which aborts the generation and frees the GPU (hardening G1).
     client_gone_ = true;
@@ -139,6 +165,10 @@ void session::on_watch(error_code ec, std::size_t n) {
   }
   watching_ = false;
   if (rq_) rq_->watch_done.cancel();
+}
+
+void session::park_watch() {
+  if (watching_ && buf_.size() == 0) watch_parked_ = true;
 }
 
 awaitable<void> session::stop_watch() {
@@ -407,22 +437,25 @@ void session::wait_idle() {
   cfg_.reset();
   disarm();
   if (waits_ > 0) timer_.cancel();
-  sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
-    self->idle_ = false;
-    if (ec || self->close_after_ || self->aborted_) {
-      self->close_now();  // idle timeout, drain or error: close quietly
-      return;
+  if (watch_parked_) return;  // the last request's watch is still waiting: it serves as this wait
+  sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) { self->on_idle_ready(ec); });
+}
+
+void session::on_idle_ready(error_code ec) {
+  idle_ = false;
+  if (ec || close_after_ || aborted_ || !sock_.is_open()) {
+    close_now();  // idle timeout, drain or error: close quietly
+    return;
+  }
+  // The request runs with the config in force when it started, even across a SIGHUP reload.
+  cfg_ = w_.cfg_ptr();
+  asio::co_spawn(w_.ioc(), serve(), [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      spdlog::error("session failed: {}", ex.what());
     }
-    // The request runs with the config in force when it started, even across a SIGHUP reload.
-    self->cfg_ = self->w_.cfg_ptr();
-    asio::co_spawn(self->w_.ioc(), self->serve(), [](std::exception_ptr e) {
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        spdlog::error("session failed: {}", ex.what());
-      }
-    });
   });
 }
 
@@ -971,7 +1004,10 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       break;
     }
   }
-  co_await stop_watch();
+  // The connection stays open with nothing buffered: the watch's wait carries on as the idle
+  // wait (park_watch). Otherwise it ends here, before the checks that read what it saw.
+  if (close || !upstream_ok || client_gone_ || aborted_ || buf_.size() > 0) co_await stop_watch();
+  else park_watch();
   disarm();
   if (!upstream_ok || client_gone_ || aborted_) {
     // Upstream died or hung mid-stream, or the client left: abort both sides (hardening G1, G3).

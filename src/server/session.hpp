@@ -57,6 +57,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 
   /// Waits (a plain handler, no coroutine) until the idle connection is readable, then serve().
   void wait_idle();
+  /// The idle wait's completion: serve the next request, or close (keep-alive timeout, drain).
+  void on_idle_ready(error_code ec);
   /// Serves requests while bytes are buffered (pipelining), then goes idle or closes.
   awaitable<void> serve();
   /// Closes the connection: FIN after anything written, timers stopped.
@@ -97,11 +99,16 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   void on_deadline();
   bool timed_out(phase p) const { return timed_out_ == p; }
 
-  // Client watch: a read kept pending on the client while the upstream works, so that a client
-  // that goes away is noticed at once (even during a long prefill) and the upstream is closed.
+  // Client watch: a readiness wait kept pending on the client while the upstream works, so that
+  // a client that goes away is noticed at once (even during a long prefill) and the upstream is
+  // closed. When the request ends on a keep-alive connection with nothing buffered, the pending
+  // wait is parked and becomes the idle wait: one epoll_ctl per request, where a watch read
+  // (EAGAIN) and then a new idle wait made two system calls.
   void start_watch();
-  void on_watch(error_code ec, std::size_t n);
+  void arm_watch();
+  void on_watch(error_code ec);
   awaitable<void> stop_watch();
+  void park_watch();
 
   template <class Socket>
   static void hard_close(Socket& s) {
@@ -168,6 +175,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   bool aborted_ = false;
   bool watching_ = false;
   bool watch_stop_ = false;
+  bool watch_parked_ = false;  ///< the watch's pending wait is the idle wait (park_watch)
   bool client_gone_ = false;
   /// Present from the start of a request until the connection goes idle (worker's spares).
   std::unique_ptr<request_scratch> rq_;
