@@ -37,6 +37,21 @@ constexpr std::uint32_t upstream_header_limit = 64 * 1024;
 constexpr std::string_view continue_100 = "HTTP/1.1 100 Continue\r\n\r\n";
 constexpr std::string_view last_chunk = "0\r\n\r\n";
 
+/// RFC 9110 §9.2.2: the methods whose effect is the same however many times a request is sent.
+bool idempotent(bhttp::verb v) {
+  switch (v) {
+    case bhttp::verb::get:
+    case bhttp::verb::head:
+    case bhttp::verb::options:
+    case bhttp::verb::trace:
+    case bhttp::verb::put:
+    case bhttp::verb::delete_:
+      return true;
+    default:
+      return false;
+  }
+}
+
 /// Decrements a replica's in-flight count when a proxied request ends, however it ends.
 struct load_guard {
   replica_load* l = nullptr;
@@ -700,6 +715,13 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     }
   }
 
+  // A request that a pooled connection can carry again on a fresh one if the replica had closed
+  // it while it sat in the pool: no body and an idempotent method (RFC 9110 §9.2.2), and no
+  // router decision to honour. Such a request skips the pool's liveness peek (a system call per
+  // request) and is re-sent once when its reused connection fails before any response byte.
+  const bool resend_ok = !use_router && !has_body && idempotent(req.method());
+  bool resent = false;
+resend:
   // Choose a replica and connect, retrying other replicas on connect failure (contract §4.3).
   std::vector<std::string> tried;
   upstream::connection_ptr conn;
@@ -743,7 +765,9 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
                                           close || !parser_->is_done());
       }
     }
-    conn = w_.pool().take(ep->key);
+    if (!resent)
+      conn = w_.pool().take(ep->key, resend_ok ? upstream::pool::staleness::caller_retries
+                                               : upstream::pool::staleness::peek);
     if (!conn) {
       conn = std::make_unique<upstream::connection>(w_.ioc().get_executor());
       conn->key = ep->key;
@@ -860,6 +884,11 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       auto [ec, n] = co_await asio::async_write(conn->sock, std::span(bufs.data(), nb), nothrow);
       if (ec) {
         if (aborted_) co_return outcome::close;
+        if (resend_ok && !resent && conn->reused) {  // stale pooled connection (see resend_ok)
+          hard_close(conn->sock);
+          resent = true;
+          goto resend;
+        }
         co_return co_await upstream_failed(reason::upstream_error);
       }
       head_sent = true;
@@ -871,7 +900,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   // Response head, skipping interim 1xx responses after forwarding them (hardening F2).
   start_watch();
   std::optional<response_parser> rp;
-  for (;;) {
+  for (bool first_head = true;; first_head = false) {
     rp.emplace();
     rp->header_limit(upstream_header_limit);
     rp->body_limit(boost::none);
@@ -884,6 +913,12 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       if (client_gone_) {
         hard_close(conn->sock);
         co_return outcome::close;
+      }
+      if (resend_ok && !resent && conn->reused && first_head && conn->buf.size() == 0 &&
+          !timed_out(phase::first_byte)) {  // stale pooled connection: not one byte came back
+        hard_close(conn->sock);
+        resent = true;
+        goto resend;
       }
       co_return co_await upstream_failed(timed_out(phase::first_byte) ? reason::upstream_timeout
                                                                        : reason::upstream_error);

@@ -305,6 +305,61 @@ TEST(ProxyBasic, PooledConnectionClosedByRestartedReplicaIsNotReused) {
   EXPECT_EQ(again.request_count(), 1u);
 }
 
+TEST(ProxyBasic, GetOnAPooledConnectionTheRestartedReplicaClosedIsSentAgainOnAFreshOne) {
+  // A GET takes its pooled connection without the liveness peek: the dead connection fails
+  // before any response byte and the request goes once more on a fresh connection.
+  auto a = std::make_unique<replica_server>(named("SERVE_REPLICA::app#A#1"));
+  const auto port = a->port();
+  proxy p(test_config(1));
+  p.set_topology(topology_builder().app("app", "/", {target_of(*a)}));
+
+  ASSERT_EQ(http_get(loopback, p.port(), "/before").status, 200u);
+  a->stop();
+  a.reset();
+  replica_server again({.name = "SERVE_REPLICA::app#A#1", .bind_ip = loopback, .port = port});
+  auto second = http_get(loopback, p.port(), "/after");
+  ASSERT_TRUE(second.complete) << second.error;
+  EXPECT_EQ(second.status, 200u) << second.body;
+  ASSERT_EQ(again.request_count(), 1u);
+  EXPECT_EQ(again.requests()[0].target, "/after");
+}
+
+TEST(ProxyBasic, GetIsSentAgainOnlyOnceAndOnlyAfterAReusedConnectionFails) {
+  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  proxy p(test_config(1));
+  p.set_topology(topology_builder().app("app", "/", {target_of(r)}));
+  ASSERT_EQ(http_get(loopback, p.port(), "/warm").status, 200u);  // pools a connection
+
+  // The pooled connection is closed after the request arrived, with no response byte: sent again
+  // on a fresh connection, which answers.
+  r.queue_behaviour(replica_behaviour::close_before_headers());
+  auto once = http_get(loopback, p.port(), "/again");
+  ASSERT_TRUE(once.complete) << once.error;
+  EXPECT_EQ(once.status, 200u) << once.body;
+  auto rec = r.requests();
+  ASSERT_EQ(rec.size(), 3u);
+  EXPECT_EQ(rec[1].target, "/again");
+  EXPECT_EQ(rec[2].target, "/again");
+  EXPECT_NE(rec[2].connection_id, rec[1].connection_id);
+
+  // The fresh connection fails the same way: no second resend, 502.
+  r.queue_behaviour(replica_behaviour::close_before_headers());
+  r.queue_behaviour(replica_behaviour::close_before_headers());
+  auto twice = http_get(loopback, p.port(), "/gone");
+  ASSERT_TRUE(twice.complete) << twice.error;
+  EXPECT_EQ(twice.status, 502u);
+  EXPECT_EQ(twice.header("x-serve-reason").value_or(""), "upstream_error");
+  EXPECT_EQ(r.request_count(), 5u);
+
+  // A POST is never sent twice (not idempotent), even without a body.
+  ASSERT_EQ(http_get(loopback, p.port(), "/warm-again").status, 200u);
+  r.queue_behaviour(replica_behaviour::close_before_headers());
+  auto post = http_post(loopback, p.port(), "/post", {}, "");
+  ASSERT_TRUE(post.complete) << post.error;
+  EXPECT_EQ(post.status, 502u);
+  EXPECT_EQ(r.request_count(), 7u);
+}
+
 TEST(ProxyBasic, AllReplicasDeadIs502UpstreamError) {
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {make_target(dead_port(), "SERVE_REPLICA::app#d#1"),
