@@ -254,17 +254,15 @@ std::array<char, 36> worker::next_request_id() {
   hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL;
   lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL;
   static constexpr char hex[] = "0123456789abcdef";
+  // Where each of the 32 hex digits goes in 8-4-4-4-12 (a fixed table unrolls; a per-digit dash
+  // test cost ~2% of a plain request).
+  static constexpr std::array<std::uint8_t, 32> at = {0,  1,  2,  3,  4,  5,  6,  7,  9,  10, 11,
+                                                      12, 14, 15, 16, 17, 19, 20, 21, 22, 24, 25,
+                                                      26, 27, 28, 29, 30, 31, 32, 33, 34, 35};
   std::array<char, 36> out;
-  out.fill('-');
-  std::size_t pos = 0;
-  auto put = [&](std::uint64_t v) {
-    for (int i = 15; i >= 0; --i) {
-      if (pos == 8 || pos == 13 || pos == 18 || pos == 23) ++pos;
-      out[pos++] = hex[(v >> (i * 4)) & 0xf];
-    }
-  };
-  put(hi);
-  put(lo);
+  out[8] = out[13] = out[18] = out[23] = '-';
+  for (int i = 0; i < 16; ++i) out[at[i]] = hex[(hi >> (60 - 4 * i)) & 0xf];
+  for (int i = 0; i < 16; ++i) out[at[16 + i]] = hex[(lo >> (60 - 4 * i)) & 0xf];
   return out;
 }
 
