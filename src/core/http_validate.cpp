@@ -187,6 +187,20 @@ bool forwarded_method(std::string_view m) noexcept {
   return false;
 }
 
+bool idempotent(bhttp::verb method) noexcept {
+  switch (method) {
+    case bhttp::verb::get:
+    case bhttp::verb::head:
+    case bhttp::verb::options:
+    case bhttp::verb::trace:
+    case bhttp::verb::put:
+    case bhttp::verb::delete_:
+      return true;
+    default:
+      return false;
+  }
+}
+
 verdict check_request_head(std::string_view raw, const bhttp::request_header<>& req) noexcept {
   // Re-scan the raw head for what the parsed fields no longer show: obs-fold (Beast unfolds
   // it), repeated Content-Length / Transfer-Encoding / Host lines, the field count. Beast has

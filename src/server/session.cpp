@@ -37,21 +37,6 @@ constexpr std::uint32_t upstream_header_limit = 64 * 1024;
 constexpr std::string_view continue_100 = "HTTP/1.1 100 Continue\r\n\r\n";
 constexpr std::string_view last_chunk = "0\r\n\r\n";
 
-/// RFC 9110 §9.2.2: the methods whose effect is the same however many times a request is sent.
-bool idempotent(bhttp::verb v) {
-  switch (v) {
-    case bhttp::verb::get:
-    case bhttp::verb::head:
-    case bhttp::verb::options:
-    case bhttp::verb::trace:
-    case bhttp::verb::put:
-    case bhttp::verb::delete_:
-      return true;
-    default:
-      return false;
-  }
-}
-
 /// Decrements a replica's in-flight count when a proxied request ends, however it ends.
 struct load_guard {
   replica_load* l = nullptr;
@@ -719,7 +704,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   // it while it sat in the pool: no body and an idempotent method (RFC 9110 §9.2.2), and no
   // router decision to honour. Such a request skips the pool's liveness peek (a system call per
   // request) and is re-sent once when its reused connection fails before any response byte.
-  const bool resend_ok = !use_router && !has_body && idempotent(req.method());
+  const bool resend_ok = !use_router && !has_body && http::idempotent(req.method());
   bool resent = false;
 resend:
   // Choose a replica and connect, retrying other replicas on connect failure (contract §4.3).

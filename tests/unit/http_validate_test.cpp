@@ -408,3 +408,11 @@ TEST(HttpValidate, A2_A15_B6_UpstreamResponseFraming) {
 
 }  // namespace
 }  // namespace ingressd
+
+TEST(HttpValidate, IdempotentMethodsAreTheOnesRfc9110Names) {
+  namespace bh = boost::beast::http;
+  for (auto v : {bh::verb::get, bh::verb::head, bh::verb::options, bh::verb::trace, bh::verb::put, bh::verb::delete_})
+    EXPECT_TRUE(ingressd::http::idempotent(v)) << bh::to_string(v);
+  for (auto v : {bh::verb::post, bh::verb::patch, bh::verb::connect, bh::verb::unknown})
+    EXPECT_FALSE(ingressd::http::idempotent(v)) << bh::to_string(v);
+}

@@ -68,6 +68,10 @@ std::size_t leading_empty_lines(std::string_view pending) noexcept;
 /// Whether ingressd forwards requests with this method (case-sensitive).
 bool forwarded_method(std::string_view method) noexcept;
 
+/// RFC 9110 §9.2.2: whether a request with this method has the same effect sent once or more
+/// (GET, HEAD, OPTIONS, TRACE, PUT, DELETE), so that it may be sent again on a fresh connection.
+bool idempotent(boost::beast::http::verb method) noexcept;
+
 /// What the session would do with `bytes` arriving on a fresh connection, without any I/O: the
 /// head is parsed with Beast (guarded_parser, `header_limit`), leading empty lines skipped,
 /// then check_request_head(); an accepted head's body is parsed too (`body_limit`).
