@@ -3,6 +3,7 @@
 #include "ingressd/http/validate.hpp"
 
 #include <array>
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 
@@ -10,6 +11,7 @@
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/string_body.hpp>
 
+#include "ingressd/core/text.hpp"
 #include "ingressd/http/parse_guards.hpp"
 
 namespace ingressd::http {
@@ -34,14 +36,21 @@ constexpr bool is_tchar(unsigned char c) noexcept {
   }
 }
 
-constexpr char lower(char c) noexcept { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; }
+/// Byte classes for the scan of every request head, one table lookup per byte: k_tchar = may
+/// appear in a field name (tchar); k_field = may appear in a field line (no control character
+/// other than HTAB, no DEL; CR counts as a control character).
+enum : std::uint8_t { k_tchar = 1, k_field = 2 };
+constexpr std::array<std::uint8_t, 256> byte_class = [] {
+  std::array<std::uint8_t, 256> t{};
+  for (unsigned i = 0; i < 256; ++i) {
+    const auto c = static_cast<unsigned char>(i);
+    if (is_tchar(c)) t[i] |= k_tchar;
+    if (!((c < 0x20 && c != '\t') || c == 0x7f)) t[i] |= k_field;
+  }
+  return t;
+}();
 
-bool same(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (lower(a[i]) != lower(b[i])) return false;
-  return true;
-}
+constexpr char lower(char c) noexcept { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; }
 
 std::string_view trim_ows(std::string_view v) noexcept {
   while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
@@ -71,7 +80,7 @@ verdict check_transfer_encoding(std::string_view value) noexcept {
     if (!first) {
       // `last` was not the final element.
       auto name = last.substr(0, last.find_first_of("; \t"));
-      if (same(name, "chunked"))
+      if (iequals(name, "chunked"))
         chunked_before = true;
       else
         other_before = true;
@@ -81,9 +90,9 @@ verdict check_transfer_encoding(std::string_view value) noexcept {
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  if (!same(last, "chunked")) {
+  if (!iequals(last, "chunked")) {
     auto name = last.substr(0, last.find_first_of("; \t"));
-    if (same(name, "chunked")) return {400, "parameters on the chunked transfer coding"};
+    if (iequals(name, "chunked")) return {400, "parameters on the chunked transfer coding"};
     return {400, "chunked is not the final transfer coding"};
   }
   if (chunked_before) return {400, "chunked applied more than once"};
@@ -224,23 +233,23 @@ verdict check_request_head(std::string_view raw, const bhttp::request_header<>& 
     if (line.empty()) break;
     if (line.front() == ' ' || line.front() == '\t') return {400, "obs-fold in header section"};
     for (unsigned char c : line) {
-      if (c == '\r') return {400, "bare CR in header section"};
-      if ((c < 0x20 && c != '\t') || c == 0x7f) return {400, "control character in header field"};
+      if (!(byte_class[c] & k_field))
+        return c == '\r' ? verdict{400, "bare CR in header section"} : verdict{400, "control character in header field"};
     }
     auto colon = line.find(':');
     if (colon == std::string_view::npos || colon == 0) return {400, "malformed header field"};
     auto name = line.substr(0, colon);
     for (unsigned char c : name)
-      if (!is_tchar(c)) return {400, "invalid header field name"};
+      if (!(byte_class[c] & k_tchar)) return {400, "invalid header field name"};
     auto value = trim_ows(line.substr(colon + 1));
     ++fields;
-    if (same(name, "content-length")) {
+    if (iequals(name, "content-length")) {
       ++cl_lines;
       cl_value = value;
-    } else if (same(name, "transfer-encoding")) {
+    } else if (iequals(name, "transfer-encoding")) {
       ++te_lines;
       te_value = value;
-    } else if (same(name, "host")) {
+    } else if (iequals(name, "host")) {
       ++host_lines;
       host_value = value;
     }
@@ -279,7 +288,7 @@ verdict check_response_head(const bhttp::response_header<>& res) noexcept {
     return {502, "invalid Content-Length from upstream"};
   if (res.count(bhttp::field::transfer_encoding) > 1) return {502, "repeated Transfer-Encoding from upstream"};
   if (auto it = res.find(bhttp::field::transfer_encoding);
-      it != res.end() && !same(trim_ows(it->value()), "chunked"))
+      it != res.end() && !iequals(trim_ows(it->value()), "chunked"))
     return {502, "unsupported Transfer-Encoding from upstream"};
   return {};
 }
