@@ -483,7 +483,9 @@ TEST(Hardening, C1_slowloris_total_header_deadline) {
   }
   EXPECT_LT(testing::clock::now() - start, 1500ms) << "each byte must not reset the header deadline";
   auto res = c.read_response(1s);
-  if (res.complete) EXPECT_EQ(res.status, 408u);
+  if (res.complete) {
+    EXPECT_EQ(res.status, 408u);
+  }
   EXPECT_TRUE(c.is_closed(1s));
   EXPECT_EQ(e.r.request_count(), 0u);
 }
