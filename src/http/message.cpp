@@ -1,12 +1,12 @@
 #include "ingressd/http/message.hpp"
 
-#include <array>
 #include <charconv>
 
 #include <boost/beast/http/status.hpp>
 
-namespace ingressd::http {
+#include "ingressd/http/relay_parser.hpp"
 
+namespace ingressd::http {
 
 hop_filter::hop_filter(const bhttp::fields& f) {
   auto it = f.find(bhttp::field::connection);
@@ -14,43 +14,7 @@ hop_filter::hop_filter(const bhttp::fields& f) {
 }
 
 bool hop_filter::skip(bhttp::field f, std::string_view name) const noexcept {
-  // Beast has already mapped known names to an enum while parsing: a switch instead of eight
-  // case-insensitive compares per header on the hot path.
-  switch (f) {
-    case bhttp::field::unknown:
-      return skip(name);
-    case bhttp::field::connection:
-    case bhttp::field::keep_alive:
-    case bhttp::field::proxy_connection:
-    case bhttp::field::te:
-    case bhttp::field::transfer_encoding:
-    case bhttp::field::upgrade:
-    case bhttp::field::content_length:
-    case bhttp::field::http2_settings:
-      return true;
-    default:
-      return !connection_.empty() && skip(name);
-  }
-}
-
-bool hop_filter::skip(std::string_view name) const noexcept {
-  static constexpr std::array<std::string_view, 8> fixed{
-      "connection", "keep-alive", "proxy-connection", "te", "transfer-encoding", "upgrade",
-      "content-length", "http2-settings"};
-  for (auto h : fixed)
-    if (iequals(name, h)) return true;
-  // Names listed in Connection are hop-by-hop for this message (RFC 9110 §7.6.1).
-  std::string_view rest = connection_;
-  while (!rest.empty()) {
-    auto comma = rest.find(',');
-    auto token = rest.substr(0, comma);
-    while (!token.empty() && (token.front() == ' ' || token.front() == '\t')) token.remove_prefix(1);
-    while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
-    if (!token.empty() && iequals(token, name)) return true;
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
-  return false;
+  return always_hop_by_hop(f, name) || (!connection_.empty() && listed_in_connection(connection_, name));
 }
 
 void append_field(std::string& out, std::string_view name, std::string_view value) {

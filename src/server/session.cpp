@@ -884,9 +884,11 @@ resend:
 
   // Response head, skipping interim 1xx responses after forwarding them (hardening F2).
   start_watch();
+  // The parser writes the head for the client into rq_->head (the request head, needed until
+  // then for a re-send) once the status line arrives.
   std::optional<response_parser> rp;
   for (bool first_head = true;; first_head = false) {
-    rp.emplace();
+    rp.emplace(rq_->head);
     rp->header_limit(upstream_header_limit);
     rp->body_limit(boost::none);
     if (head_only) rp->skip(true);
@@ -899,7 +901,7 @@ resend:
         hard_close(conn->sock);
         co_return outcome::close;
       }
-      if (resend_ok && !resent && conn->reused && first_head && conn->buf.size() == 0 &&
+      if (resend_ok && !resent && conn->reused && first_head && !rp->got_some() && conn->buf.size() == 0 &&
           !timed_out(phase::first_byte)) {  // stale pooled connection: not one byte came back
         hard_close(conn->sock);
         resent = true;
@@ -908,11 +910,11 @@ resend:
       co_return co_await upstream_failed(timed_out(phase::first_byte) ? reason::upstream_timeout
                                                                        : reason::upstream_error);
     }
-    unsigned status = rp->get().result_int();
+    const unsigned status = rp->status();
     if (status >= 200) {
       // Framing Beast accepts but that cannot be re-framed faithfully (repeated Content-Length,
       // a coding other than chunked): 502, and the upstream connection is discarded (A15, B6).
-      if (!http::check_response_head(rp->get()).ok()) {
+      if (!rp->framing_error().empty()) {
         co_await stop_watch();
         co_return co_await upstream_failed(reason::upstream_error);
       }
@@ -923,12 +925,7 @@ resend:
       co_return co_await upstream_failed(reason::upstream_error);  // we never ask for upgrades
     }
     if ((status == 100 && expect_continue) || client_version != 11) continue;
-    rq_->head.clear();
-    http::append_status_line(rq_->head, status, 11, rp->get().reason());
-    http::hop_filter hop(rp->get());
-    for (const auto& f : rp->get())
-      if (!hop.skip(f.name(), f.name_string())) http::append_field(rq_->head, f.name_string(), f.value());
-    rq_->head.append("\r\n");
+    rq_->head.append("\r\n");  // the interim head as the parser wrote it
     if (!(co_await write_all(rq_->head))) {
       co_await stop_watch();
       hard_close(conn->sock);
@@ -937,21 +934,14 @@ resend:
   }
 
   rq_->rec.block->first_byte.observe(clock::now() - request_sent);
-  auto& res = rp->get();
-  const unsigned status = res.result_int();
+  const unsigned status = rp->status();
   const bool no_body = head_only || status == 204 || status == 304;
   const auto length = rp->content_length();
   const bool chunked_out = !no_body && !length && client_version == 11;
   if (!no_body && !length && client_version != 11) close = true;  // close-delimited for HTTP/1.0
   close = close || close_after_;
 
-  rq_->head.clear();
-  http::append_status_line(rq_->head, status, 11, res.reason());
-  {
-    http::hop_filter hop(res);
-    for (const auto& f : res)
-      if (!hop.skip(f.name(), f.name_string())) http::append_field(rq_->head, f.name_string(), f.value());
-  }
+  // rq_->head holds the status line and the end-to-end fields (relay_response_parser); our framing follows.
   if (length && (!no_body || head_only))
     http::append_field(rq_->head, "Content-Length", std::to_string(*length));
   else if (chunked_out)
@@ -977,9 +967,7 @@ resend:
     std::size_t got = 0;
     error_code read_ec;
     if (!rp->is_done()) {
-      auto& body = rp->get().body();
-      body.data = relay;
-      body.size = relay_size;
+      rp->body_window(relay, relay_size);
       if (head_sent) {
         // Each piece goes out as soon as it is read; the head goes with the first piece when
         // it is already buffered, else on its own at once (TTFT).
@@ -987,12 +975,12 @@ resend:
         auto [ec, n] = co_await bhttp::async_read_some(conn->sock, up_in, *rp, nothrow);
         if (ec == bhttp::error::need_buffer) ec = {};
         read_ec = ec;
-        got = relay_size - body.size;
+        got = relay_size - rp->body_left();
       } else if (conn->buf.size() > 0) {
         auto [ec, n] = co_await bhttp::async_read_some(conn->sock, up_in, *rp, nothrow);
         if (ec == bhttp::error::need_buffer) ec = {};
         read_ec = ec;
-        got = relay_size - body.size;
+        got = relay_size - rp->body_left();
       }
     }
     std::array<asio::const_buffer, 5> bufs;

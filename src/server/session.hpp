@@ -14,6 +14,7 @@
 #include "ingressd/core/asio.hpp"
 #include "ingressd/core/reason.hpp"
 #include "ingressd/http/parse_guards.hpp"
+#include "ingressd/http/relay_parser.hpp"
 #include "ingressd/metrics/access_log.hpp"
 #include "ingressd/metrics/request_metrics.hpp"
 #include "ingressd/routing/router_reply.hpp"
@@ -51,7 +52,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   using clock = std::chrono::steady_clock;
   // Beast's parsers, minus the field-length throw and trailer merging (http/parse_guards.hpp).
   using request_parser = http::guarded_parser<true, bhttp::buffer_body>;
-  using response_parser = http::guarded_parser<false, bhttp::buffer_body>;
+  using response_parser = http::relay_response_parser;
 
   enum class outcome { keep_alive, close };
 

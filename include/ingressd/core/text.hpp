@@ -17,6 +17,21 @@ inline bool iequals(std::string_view a, std::string_view b) noexcept {
   return true;
 }
 
+/// `v` without leading and trailing optional whitespace (SP, HTAB; RFC 9110 §5.6.3).
+inline std::string_view trim_ows(std::string_view v) noexcept {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
+/// True for 1*DIGIT.
+inline bool all_digits(std::string_view v) noexcept {
+  if (v.empty()) return false;
+  for (char c : v)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
 /// Length of the valid UTF-8 sequence of two or more bytes at s[i] (RFC 3629: no overlong
 /// forms, no surrogates, nothing above U+10FFFF), or 0 when there is none.
 inline std::size_t utf8_sequence(std::string_view s, std::size_t i) noexcept {

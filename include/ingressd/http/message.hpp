@@ -22,8 +22,7 @@ namespace bhttp = boost::beast::http;
 class hop_filter {
  public:
   explicit hop_filter(const bhttp::fields& f);
-  bool skip(std::string_view name) const noexcept;
-  /// The same, using the field enum Beast computed while parsing (fast for known names).
+  /// `f` is the field enum Beast computed while parsing (field::unknown for other names).
   bool skip(bhttp::field f, std::string_view name) const noexcept;
 
  private:

@@ -1,5 +1,5 @@
 #pragma once
-// Request and response head validation (hardening A, B, D, E; contract §4.4): what Boost 1.81's
+// Request head validation (hardening A, B, D, E; contract §4.4): what Boost 1.81's
 // Beast parser accepts but ingressd refuses, and the status each refusal gets. Sans-I/O: the
 // session reads the head with Beast (recording the raw bytes, see parse_guards.hpp), then asks
 // check_request_head(); a refused request is answered with the returned status and the
@@ -45,12 +45,6 @@ struct verdict {
 /// Checks a request head that Beast parsed. `raw` holds the exact bytes of that head, from the
 /// request line through the empty line (what Beast consumed); `req` is the parsed head.
 verdict check_request_head(std::string_view raw, const bhttp::request_header<>& req) noexcept;
-
-/// Checks the framing of an upstream response head Beast accepted: a repeated Content-Length
-/// (Beast collapses identical ones) or a Transfer-Encoding other than exactly `chunked` (which
-/// Beast reads as close-delimited, or de-chunks under a coding we would then silently strip)
-/// cannot be re-framed faithfully → 502 (hardening A2, A15, B6).
-verdict check_response_head(const bhttp::response_header<>& res) noexcept;
 
 /// The status for a request head Beast refused with `ec`. `consumed` holds the bytes of the
 /// head Beast had already consumed (its request line, once complete), `pending` the unparsed

@@ -1,5 +1,4 @@
-// Request and response head validation (include/ingressd/http/validate.hpp). Lives in
-// ingressd_base (not with src/http) so that unit tests and fuzz targets can link it alone.
+// Request head validation (include/ingressd/http/validate.hpp).
 #include "ingressd/http/validate.hpp"
 
 #include <array>
@@ -51,19 +50,6 @@ constexpr std::array<std::uint8_t, 256> byte_class = [] {
 }();
 
 constexpr char lower(char c) noexcept { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; }
-
-std::string_view trim_ows(std::string_view v) noexcept {
-  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  return v;
-}
-
-bool all_digits(std::string_view v) noexcept {
-  if (v.empty()) return false;
-  for (unsigned char c : v)
-    if (!is_digit(c)) return false;
-  return true;
-}
 
 /// Transfer-Encoding of a request: only exactly `chunked` is accepted (RFC 9112 §6.1, §6.3 item
 /// 4, §7.1; hardening A6).
@@ -280,17 +266,6 @@ verdict check_request_head(std::string_view raw, const bhttp::request_header<>& 
   // Method (D1, D2) and codings we do not implement (A6).
   if (!forwarded_method(req.method_string())) return {501, "method not implemented"};
   return te_verdict;
-}
-
-verdict check_response_head(const bhttp::response_header<>& res) noexcept {
-  if (res.count(bhttp::field::content_length) > 1) return {502, "repeated Content-Length from upstream"};
-  if (auto it = res.find(bhttp::field::content_length); it != res.end() && !all_digits(trim_ows(it->value())))
-    return {502, "invalid Content-Length from upstream"};
-  if (res.count(bhttp::field::transfer_encoding) > 1) return {502, "repeated Transfer-Encoding from upstream"};
-  if (auto it = res.find(bhttp::field::transfer_encoding);
-      it != res.end() && !iequals(trim_ows(it->value()), "chunked"))
-    return {502, "unsupported Transfer-Encoding from upstream"};
-  return {};
 }
 
 unsigned status_for_head_error(const boost::system::error_code& ec, std::string_view consumed,
