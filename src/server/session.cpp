@@ -1,10 +1,13 @@
 #include "server/session.hpp"
 
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <span>
+#include <tuple>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/container/small_vector.hpp>
@@ -36,6 +39,47 @@ constexpr auto router_probe_timeout = std::chrono::seconds(1);
 constexpr std::uint32_t upstream_header_limit = 64 * 1024;
 constexpr std::string_view continue_100 = "HTTP/1.1 100 Continue\r\n\r\n";
 constexpr std::string_view last_chunk = "0\r\n\r\n";
+
+/// Writes as much of `bufs` as the socket takes right now — one sendmsg that never waits — and
+/// drops what went out from the front of `bufs`. True when nothing is left to write, or on an
+/// error (in `ec`); false when the socket buffer is full and the caller must async_write the rest.
+/// Why: nearly every write here fits the socket buffer, yet an async_write still allocates an
+/// operation and resumes the coroutine through the scheduler queue, after the other ready
+/// handlers, by which time the request's state has left the cache (at 256 connections that
+/// is most of the cost of a request). Writing at once keeps going while it is hot.
+template <class Socket>
+bool write_now(Socket& s, std::span<asio::const_buffer>& bufs, error_code& ec) {
+  std::array<iovec, 8> iov;
+  std::size_t k = 0;
+  for (const auto& b : bufs) {
+    if (k == iov.size()) break;
+    iov[k++] = {const_cast<void*>(b.data()), b.size()};
+  }
+  msghdr msg{};
+  msg.msg_iov = iov.data();
+  msg.msg_iovlen = k;
+  const ssize_t r = ::sendmsg(s.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (r < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+    ec = error_code(errno, asio::error::get_system_category());
+    return true;
+  }
+  auto left = static_cast<std::size_t>(r);
+  while (!bufs.empty() && left >= bufs.front().size()) {
+    left -= bufs.front().size();
+    bufs = bufs.subspan(1);
+  }
+  if (left > 0) bufs.front() += left;
+  return bufs.empty();
+}
+
+/// write_now, then async_write for whatever the socket did not take at once.
+template <class Socket>
+awaitable<error_code> send(Socket& s, std::span<asio::const_buffer> bufs) {
+  error_code ec;
+  if (!write_now(s, bufs, ec)) std::tie(ec, std::ignore) = co_await asio::async_write(s, bufs, nothrow);
+  co_return ec;
+}
 
 /// Decrements a replica's in-flight count when a proxied request ends, however it ends.
 struct load_guard {
@@ -296,7 +340,8 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
       conn->sock.set_option(tcp::no_delay(true), ignored);
     }
     router_conn_ = conn.get();
-    auto [wec, wn] = co_await asio::async_write(conn->sock, asio::buffer(request), nothrow);
+    std::array<asio::const_buffer, 1> request_buf{asio::buffer(request)};
+    const error_code wec = co_await send(conn->sock, request_buf);
     http::status_body_parser rp;
     rp.header_limit(router_header_limit);
     rp.body_limit(router_body_limit);
@@ -404,8 +449,8 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
 }
 
 awaitable<bool> session::write_all(std::string_view data) {
-  auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(data), nothrow);
-  co_return !ec;
+  std::array<asio::const_buffer, 1> out{asio::buffer(data)};
+  co_return !(co_await send(sock_, out));
 }
 
 awaitable<session::outcome> session::respond(std::string response, bool close) {
@@ -524,6 +569,27 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
   return close ? outcome::close : outcome::keep_alive;
 }
 
+bool session::head_now(http::bounded_buffer& in, error_code& ec) {
+  // Readiness (or a pipelined request) brought us here, so the head is nearly always there
+  // already. Beast's async_read_header would find it too, but it completes through the
+  // scheduler queue: an operation allocated, and this request resumed only after every other
+  // ready handler, its state out of the cache again (see write_now).
+  if (in.size() == 0) {
+    const std::size_t want = std::min(std::max<std::size_t>(512, buf_.capacity()), in.max_size());
+    auto room = in.prepare(want);
+    const auto n = ::recv(sock_.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
+    if (n <= 0) return false;  // nothing yet, EOF or an error: the read operation reports it
+    in.commit(static_cast<std::size_t>(n));
+  }
+  const auto used = parser_->put(in.data(), ec);
+  in.consume(used);
+  if (ec == bhttp::error::need_more) {
+    ec = {};
+    return false;
+  }
+  return ec || parser_->is_header_done();
+}
+
 awaitable<session::outcome> session::serve_one() {
   const auto& cfg = this->cfg();
   begin_request();
@@ -535,7 +601,8 @@ awaitable<session::outcome> session::serve_one() {
     parser_->body_limit(cfg.client.max_body_bytes);
     // The raw head lands in rq_->head as Beast consumes it, for http::check_request_head below.
     http::bounded_buffer in(buf_, cfg.client.max_header_bytes, &rq_->head);
-    auto [ec, n] = co_await bhttp::async_read_header(sock_, in, *parser_, nothrow);
+    error_code ec;
+    if (!head_now(in, ec)) std::tie(ec, std::ignore) = co_await bhttp::async_read_header(sock_, in, *parser_, nothrow);
     if (ec == bhttp::error::bad_method && skips < 8) {
       // Empty lines before the request line are ignored (RFC 9112 §2.2, hardening D12).
       if (auto skip = http::leading_empty_lines(http::pending(buf_)); skip > 0) {
@@ -866,7 +933,7 @@ resend:
       if (chunked_in && has_body && !pre && parser_->is_done()) bufs[nb++] = asio::buffer(last_chunk);
       if (nb == 0) continue;
       arm(cfg.client.body_timeout, phase::body);
-      auto [ec, n] = co_await asio::async_write(conn->sock, std::span(bufs.data(), nb), nothrow);
+      const error_code ec = co_await send(conn->sock, std::span(bufs.data(), nb));
       if (ec) {
         if (aborted_) co_return outcome::close;
         if (resend_ok && !resent && conn->reused) {  // stale pooled connection (see resend_ok)
@@ -994,7 +1061,7 @@ resend:
     if (!read_ec && chunked_out && rp->is_done()) bufs[nb++] = asio::buffer(last_chunk);
     if (nb > 0) {
       arm(cfg.upstream.idle_timeout, phase::stream);
-      auto [ec, n] = co_await asio::async_write(sock_, std::span(bufs.data(), nb), nothrow);
+      const error_code ec = co_await send(sock_, std::span(bufs.data(), nb));
       if (ec) {
         // The client went away (or stalled past the idle timeout): close the upstream too.
         rq_->rec.term = client_side_end();

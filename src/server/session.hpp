@@ -65,6 +65,10 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// Closes the connection: FIN after anything written, timers stopped.
   void close_now();
   awaitable<outcome> serve_one();
+  /// The request head from what the socket holds right now (one non-blocking recv, no Beast read
+  /// operation). True when that settled it: the head is parsed, or `ec` says why not; false when
+  /// more bytes must be awaited (async_read_header carries on with the same parser and buffer).
+  bool head_now(http::bounded_buffer& in, error_code& ec);
   awaitable<outcome> proxy(std::size_t app_index, std::string target);
   awaitable<bool> write_all(std::string_view data);
   awaitable<outcome> respond(std::string response, bool close);
