@@ -263,8 +263,11 @@ def cmd_table(a):
     goal("(1b) router c64 CPU/req <= 1/4 of HAProxy", r, r is not None and r <= 0.25, "%.3fx" % (r or 0))
     cl = [m("ingressd", s, "rps") for s in ("router_c16", "router_c64", "router_c256")]
     if all(v is not None for v in cl):
+        # "req/s does not fall as connections grow": no step below the best rate before it, give
+        # or take 5 % (the spread of one configuration between runs on this machine, README).
         worst = min(cl[1] / cl[0], cl[2] / max(cl[0], cl[1]))
-        goal("(1c) no cliff 16->256 conns (rps never drops >20% as conns grow)", worst, worst >= 0.8,
+        goal("(1c) no cliff 16->256 conns (req/s does not fall as conns grow, 5% noise allowed)", worst,
+             worst >= 0.95,
              "c16 %.0f, c64 %.0f, c256 %.0f req/s (worst step %.2f)" % (cl[0], cl[1], cl[2], worst))
     else:
         goal("(1c) no cliff 16->256 conns", None, False, "")

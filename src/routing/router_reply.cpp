@@ -381,6 +381,12 @@ router_reply parse_router_reply(unsigned status, std::string_view body) {
 
 std::string build_router_request(const router_request_parts& p) {
   std::string out;
+  build_router_request(p, out);
+  return out;
+}
+
+void build_router_request(const router_request_parts& p, std::string& out) {
+  out.clear();
   out.reserve(192 + p.body.size());
   out.append("POST /internal/route HTTP/1.1\r\nHost: ").append(p.host);
   out.append("\r\nContent-Type: application/json\r\nContent-Length: ").append(std::to_string(p.body.size()));
@@ -395,7 +401,6 @@ std::string build_router_request(const router_request_parts& p) {
     out.append(p.session_header).append(": ").append(p.session_value).append("\r\n");
   out.append("X-Request-Id: ").append(p.request_id).append("\r\n\r\n");
   out.append(p.body);
-  return out;
 }
 
 }  // namespace ingressd::routing

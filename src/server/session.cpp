@@ -424,9 +424,9 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
       timeout = std::min<clock::duration>(timeout, router_probe_timeout);
       memory.probing(ep.key, now);
     }
-    std::string request = routing::build_router_request(
-        {ep.key, body, truncated_total, cfg.router.session_header, session_value, request_id});
-    auto ex = co_await router_attempt(ep, request, timeout);
+    routing::build_router_request({ep.key, body, truncated_total, cfg.router.session_header, session_value, request_id},
+                                  rq_->router_request);
+    auto ex = co_await router_attempt(ep, rq_->router_request, timeout);
     if (aborted_) co_return std::pair{routing::router_reply{}, std::optional(reason::router_unreachable)};
     note_router_attempt(r, ep, ex);
     if (!ex.replied) {
@@ -704,7 +704,6 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   if (logging()) rq_->rec.request_id.assign(request_id);
 
   std::shared_ptr<const topology::snapshot> snap = w_.snapshot_ptr();
-  const std::string app_name = snap->apps[app_index].name;
 
   // Router path (contract §4.2): ask a router which replica serves this request.
   std::optional<std::size_t> pinned;
@@ -760,7 +759,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
         // The router knows a replica we do not yet: the head node's Serve proxy re-picks (Ray #64218).
         to_fallback = true;
       } else if (cfg.router.failure_mode == config::on_failure::fail_open || view.router_fallback) {
-        spdlog::debug("router failure {} for app {}: failing open", to_string(*failure), app_name);
+        spdlog::debug("router failure {} for app {}: failing open", to_string(*failure), view.name);
       } else {
         co_return co_await respond_reason(*failure, close || !parser_->is_done());
       }
@@ -786,7 +785,7 @@ resend:
       auto next = w_.snapshot_ptr();
       std::optional<std::size_t> idx;
       for (std::size_t i = 0; i < next->apps.size(); ++i)
-        if (next->apps[i].name == app_name) idx = i;
+        if (next->apps[i].name == snap->apps[app_index].name) idx = i;  // `snap` is still the old one here
       if (!idx) co_return co_await respond_reason(reason::no_healthy_replica, close || !parser_->is_done());
       if (pinned) {
         auto it = next->apps[*idx].replica_by_name.find(snap->apps[app_index].replicas[*pinned].name);

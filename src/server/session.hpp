@@ -189,12 +189,13 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 /// What only a request in progress needs. Idle connections hold none of it (hardening H3): it
 /// goes back to the worker's spares, so busy connections do not allocate it per request.
 struct request_scratch {
-  explicit request_scratch(asio::io_context& ioc) : watch_done(ioc), router_timer(ioc) {}
+  explicit request_scratch(asio::io_context& ioc) : watch_done(ioc.get_executor()), router_timer(ioc.get_executor()) {}
   std::string head;                        ///< scratch for serialising heads
+  std::string router_request;              ///< the router call being made (its capacity is kept)
   std::string prebody;                     ///< body bytes read before the upstream was chosen
   std::unique_ptr<unsigned char[]> relay;  ///< relay_size bytes, made on first use
-  asio::steady_timer watch_done;           ///< stop_watch() waits on it for the watch to end
-  asio::steady_timer router_timer;         ///< per router attempt (router.timeout)
+  session::watchdog_timer watch_done;      ///< stop_watch() waits on it for the watch to end
+  session::watchdog_timer router_timer;    ///< per router attempt (router.timeout)
   session::request_record rec;
 };
 

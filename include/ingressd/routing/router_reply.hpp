@@ -41,6 +41,8 @@ struct router_request_parts {
 
 /// The exact bytes of `POST /internal/route` (HTTP/1.1 keep-alive).
 std::string build_router_request(const router_request_parts& p);
+/// The same into `out` (cleared first), whose capacity a caller can keep from one request to the next.
+void build_router_request(const router_request_parts& p, std::string& out);
 
 /// True when `name` is an HTTP token (RFC 9110 §5.6.2).
 bool is_token(std::string_view name) noexcept;
