@@ -950,8 +950,8 @@ resend:
 
   // Response head, skipping interim 1xx responses after forwarding them (hardening F2).
   start_watch();
-  // The parser writes the head for the client into rq_->head (the request head, needed until
-  // then for a re-send) once the status line arrives.
+  // The parser writes the head for the client into rq_->head once the status line arrives (a
+  // re-send rebuilds the request head after `resend:`).
   std::optional<response_parser> rp;
   for (bool first_head = true;; first_head = false) {
     rp.emplace(rq_->head);
