@@ -6,6 +6,8 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <functional>
 #include <span>
 #include <tuple>
 
@@ -899,15 +901,17 @@ resend:
     std::array<char, 18> chunk_hdr{};
     bool head_sent = false;
     bool pre = !rq_->prebody.empty();
-    unsigned char* relay = has_body ? relay_buffer() : nullptr;
+    unsigned char* relay = nullptr;  // made only when body bytes must still be read from the client
     while (!head_sent || pre || !parser_->is_done()) {
       std::size_t got = 0;
-      const void* piece = relay;
+      const void* piece = nullptr;
       if (pre) {
         piece = rq_->prebody.data();
         got = rq_->prebody.size();
         pre = false;
       } else if (!parser_->is_done()) {
+        if (!relay) relay = relay_buffer();
+        piece = relay;
         auto& body = parser_->get().body();
         body.data = relay;
         body.size = relay_size;
@@ -1020,7 +1024,13 @@ resend:
 
   stream_guard streaming(w_.stats().active_streams);
   std::array<char, 18> chunk_hdr{};
-  unsigned char* relay = relay_buffer();
+  // Body pieces pass through the worker's relay window (worker::relay_window), which must hold
+  // nothing of this stream when this coroutine suspends: bytes already buffered are parsed here
+  // (Beast's async_read_some would parse them too, then complete through the scheduler queue,
+  // other streams running in between); a read that does I/O parses in its completion, which
+  // resumes this coroutine directly; and what the client does not take at once is copied to the
+  // request's own buffer before waiting for it.
+  unsigned char* const window = w_.relay_window();
   // A replica sending an endless chunk-size line or trailer must not grow the buffer without
   // bound: Beast stops with buffer_overflow at the cap and the stream is aborted (hardening B).
   http::bounded_buffer up_in(conn->buf, http::body_read_cap(upstream_header_limit));
@@ -1033,16 +1043,17 @@ resend:
     std::size_t got = 0;
     error_code read_ec;
     if (!rp->is_done()) {
-      rp->body_window(relay, relay_size);
-      if (head_sent) {
-        // Each piece goes out as soon as it is read; the head goes with the first piece when
-        // it is already buffered, else on its own at once (TTFT).
-        arm(cfg.upstream.idle_timeout, phase::stream);
-        auto [ec, n] = co_await bhttp::async_read_some(conn->sock, up_in, *rp, nothrow);
-        if (ec == bhttp::error::need_buffer) ec = {};
-        read_ec = ec;
+      rp->body_window(window, relay_size);
+      if (conn->buf.size() > 0) {
+        const auto used = rp->put(conn->buf.data(), read_ec);
+        conn->buf.consume(used);
+        if (read_ec == bhttp::error::need_buffer || read_ec == bhttp::error::need_more) read_ec = {};
         got = relay_size - rp->body_left();
-      } else if (conn->buf.size() > 0) {
+      }
+      // Each piece goes out as soon as it is read; the head goes with the first piece when it is
+      // already buffered, else on its own at once (TTFT).
+      if (got == 0 && !read_ec && head_sent && !rp->is_done()) {
+        arm(cfg.upstream.idle_timeout, phase::stream);
         auto [ec, n] = co_await bhttp::async_read_some(conn->sock, up_in, *rp, nothrow);
         if (ec == bhttp::error::need_buffer) ec = {};
         read_ec = ec;
@@ -1054,13 +1065,25 @@ resend:
     if (!head_sent) bufs[nb++] = asio::buffer(rq_->head);
     if (got) {
       if (chunked_out) bufs[nb++] = asio::buffer(chunk_hdr.data(), http::chunk_header(chunk_hdr.data(), got));
-      bufs[nb++] = asio::buffer(relay, got);
+      bufs[nb++] = asio::buffer(window, got);
       if (chunked_out) bufs[nb++] = asio::buffer("\r\n", 2);
     }
     if (!read_ec && chunked_out && rp->is_done()) bufs[nb++] = asio::buffer(last_chunk);
     if (nb > 0) {
       arm(cfg.upstream.idle_timeout, phase::stream);
-      const error_code ec = co_await send(sock_, std::span(bufs.data(), nb));
+      std::span<asio::const_buffer> pending(bufs.data(), nb);
+      error_code ec;
+      if (!write_now(sock_, pending, ec)) {
+        for (auto& b : pending) {
+          const auto* p = static_cast<const unsigned char*>(b.data());
+          if (std::less_equal<>()(window, p) && std::less<>()(p, window + relay_size)) {
+            unsigned char* own = relay_buffer();  // the rest of the piece leaves the shared window
+            std::memcpy(own, p, b.size());
+            b = asio::buffer(own, b.size());
+          }
+        }
+        std::tie(ec, std::ignore) = co_await asio::async_write(sock_, pending, nothrow);
+      }
       if (ec) {
         // The client went away (or stalled past the idle timeout): close the upstream too.
         rq_->rec.term = client_side_end();

@@ -193,7 +193,7 @@ struct request_scratch {
   std::string head;                        ///< scratch for serialising heads
   std::string router_request;              ///< the router call being made (its capacity is kept)
   std::string prebody;                     ///< body bytes read before the upstream was chosen
-  std::unique_ptr<unsigned char[]> relay;  ///< relay_size bytes, made on first use
+  std::unique_ptr<unsigned char[]> relay;  ///< relay_size bytes, made on first use: a streamed upload, or a response piece a slow client has not taken
   session::watchdog_timer watch_done;      ///< stop_watch() waits on it for the watch to end
   session::watchdog_timer router_timer;    ///< per router attempt (router.timeout)
   session::request_record rec;

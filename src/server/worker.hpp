@@ -98,7 +98,8 @@ class session;
 struct request_scratch;
 using session_hook = boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
 
-/// Bytes relayed per read on a stream (each direction): the per-stream buffer (hardening H4).
+/// Bytes relayed per read on a stream (each direction): the worker's relay window, and the
+/// per-stream buffer that holds what a slow client has not taken yet (hardening H4).
 inline constexpr std::size_t relay_size = 16 * 1024;
 
 class worker {
@@ -153,6 +154,12 @@ class worker {
   /// scratch is gone some seconds after it. (A fixed cap instead made every request beyond it
   /// allocate and free ~17 KiB whenever more requests were in flight than the cap.)
   void trim_spare_scratch();
+  /// The worker's relay window: relay_size bytes that a response's body pieces pass through on
+  /// their way to the client. It is valid only until the using coroutine suspends: a piece the
+  /// client does not take at once is copied to the request's own buffer first (session.cpp,
+  /// relay loop). One window per worker instead of a buffer per stream: ~4 KiB less resident
+  /// per open SSE stream, and the same cache lines for every response.
+  unsigned char* relay_window() { return relay_window_.get(); }
   /// Least-loaded healthy replica of app `i` not rejected by `skip`, or nullopt.
   template <class Skip>
   std::optional<std::size_t> least_loaded(std::size_t i, Skip skip);
@@ -173,6 +180,7 @@ class worker {
   std::uint16_t port_ = 0;
   std::shared_ptr<const topology::snapshot> snap_;
   std::vector<app_state> apps_;
+  std::unique_ptr<unsigned char[]> relay_window_ = std::make_unique<unsigned char[]>(relay_size);
   std::unordered_map<std::string, replica_load> loads_;  // by endpoint key; stable addresses
   upstream::pool pool_;
   routing::router_memory routers_;

@@ -2,6 +2,8 @@
 // SSE events are relayed as they are generated, cancellation flows both ways, and upstream
 // failures are reported (before headers) or never disguised as a clean end (after headers).
 #include <chrono>
+#include <memory>
+#include <vector>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -390,6 +392,46 @@ TEST(Streaming, SlowReaderIsAbortedAfterIdleTimeoutWithBackpressure) {
   EXPECT_TRUE(r.wait_for_aborted_responses(1, 10s))
       << "the replica finished writing 96 MiB to a client that reads nothing (no backpressure), or the "
          "stalled stream was never aborted";
+}
+
+TEST(Streaming, ConcurrentStreamsThroughOneWorkerNeverMixTheirBytes) {
+  // Body pieces pass through one relay window per worker; a piece a client does not take at
+  // once must leave the window before its stream waits (session.cpp, relay loop). Four large
+  // responses on one worker, read one client after the other: while the first is read, the
+  // other three are stalled mid-body by backpressure with their unsent pieces pending. Every
+  // byte must arrive at its own client, in order.
+  constexpr std::size_t body_size = 6u << 20;  // more than both hops' socket buffers
+  auto body_of = [&](std::size_t k) {
+    std::string b(body_size, '\0');
+    for (std::size_t i = 0; i < body_size; ++i) b[i] = static_cast<char>('a' + (i * 31 + k * 7 + i / 4096) % 26);
+    return b;
+  };
+  std::vector<std::unique_ptr<replica_server>> replicas;
+  topology_builder t;
+  for (std::size_t k = 0; k < 4; ++k) {
+    replicas.push_back(std::make_unique<replica_server>(named("SERVE_REPLICA::app" + std::to_string(k) + "#A#1")));
+    replicas.back()->set_behaviour(
+        replica_behaviour::respond(200, {{"Content-Type", "application/octet-stream"}}, body_of(k)));
+    t.app("app" + std::to_string(k), "/s" + std::to_string(k), {target_of(*replicas.back())});
+  }
+  auto cfg = test_config(1);
+  cfg.upstream.idle_timeout = 20s;  // the stalled streams must wait for their turn, not be aborted
+  proxy p(cfg);
+  p.set_topology(t);
+
+  std::vector<connection> clients;
+  for (std::size_t k = 0; k < 4; ++k) {
+    clients.push_back(connection::open(loopback, p.port()));
+    ASSERT_TRUE(clients.back().connected()) << clients.back().error();
+    ASSERT_TRUE(clients.back().write(format_request("GET", "/s" + std::to_string(k), loopback, p.port(), {}, {})));
+  }
+  for (std::size_t k = 0; k < 4; ++k) {
+    auto res = clients[k].read_response(30s);
+    ASSERT_TRUE(res.complete) << "stream " << k << ": " << res.error;
+    EXPECT_EQ(res.status, 200u);
+    ASSERT_EQ(res.body.size(), body_size) << "stream " << k;
+    EXPECT_TRUE(res.body == body_of(k)) << "stream " << k << " got bytes that are not its own";
+  }
 }
 
 TEST(Streaming, Http10ClientGetsCloseDelimitedStreamWithoutTransferEncoding) {
