@@ -310,6 +310,18 @@ evaluation evaluate_request(std::string_view bytes, std::size_t header_limit, st
   evaluation ev;
   std::size_t off = 0;
   std::optional<guarded_parser<true, bhttp::string_body>> p;
+  // Only guarded_parser stands between an over-long field and a length_error from the parser;
+  // report one loudly. False when it was thrown.
+  auto put = [&](std::string_view in, boost::system::error_code& ec, std::size_t& used) {
+    try {
+      used = p->put(boost::asio::buffer(in.data(), in.size()), ec);
+      return true;
+    } catch (const std::length_error&) {
+      ev.status = 0xdead;
+      ev.why = "parser threw length_error";
+      return false;
+    }
+  };
   for (int attempt = 0;; ++attempt) {
     p.emplace();
     p->header_limit(static_cast<std::uint32_t>(header_limit));
@@ -317,14 +329,7 @@ evaluation evaluate_request(std::string_view bytes, std::size_t header_limit, st
     auto in = bytes.substr(off);
     boost::system::error_code ec;
     std::size_t used = 0;
-    try {
-      used = p->put(boost::asio::buffer(in.data(), in.size()), ec);
-    } catch (const std::length_error&) {
-      // Only guarded_parser stands between an over-long field and this; report it loudly.
-      ev.status = 0xdead;
-      ev.why = "parser threw length_error";
-      return ev;
-    }
+    if (!put(in, ec, used)) return ev;
     if (ec == bhttp::error::need_more) return ev;
     if (ec == bhttp::error::bad_method && attempt < 8) {
       if (auto skip = leading_empty_lines(in); skip > 0) {
@@ -352,13 +357,7 @@ evaluation evaluate_request(std::string_view bytes, std::size_t header_limit, st
     auto in = bytes.substr(off);
     boost::system::error_code ec;
     std::size_t used = 0;
-    try {
-      used = p->put(boost::asio::buffer(in.data(), in.size()), ec);
-    } catch (const std::length_error&) {
-      ev.status = 0xdead;
-      ev.why = "parser threw length_error";
-      return ev;
-    }
+    if (!put(in, ec, used)) return ev;
     off += used;
     if (ec == bhttp::error::need_more) break;
     if (ec) {
