@@ -35,13 +35,23 @@ bool always_hop_by_hop(bhttp::field f, std::string_view name) noexcept {
   return std::any_of(fixed.begin(), fixed.end(), [&](std::string_view h) { return iequals(name, h); });
 }
 
+namespace {
+
+/// Takes the next element of a comma-separated list off the front of `rest`, without the
+/// whitespace around it (RFC 9110 §5.6.1). Empty elements come back empty; a trailing one is
+/// not seen, which is all the Connection header needs (it names fields; an empty name names none).
+std::string_view next_list_element(std::string_view& rest) noexcept {
+  const auto comma = rest.find(',');
+  const auto element = trim_ows(rest.substr(0, comma));
+  rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  return element;
+}
+
+}  // namespace
+
 bool listed_in_connection(std::string_view connection, std::string_view name) noexcept {
-  while (!connection.empty()) {
-    auto comma = connection.find(',');
-    if (iequals(trim_ows(connection.substr(0, comma)), name)) return true;
-    if (comma == std::string_view::npos) break;
-    connection.remove_prefix(comma + 1);
-  }
+  while (!connection.empty())
+    if (iequals(next_list_element(connection), name)) return true;
   return false;
 }
 
@@ -83,12 +93,9 @@ void relay_response_parser::on_header_impl(boost::beast::error_code&) {
   // field that was forwarded (Keep-Alive is never forwarded), so the common case costs one scan
   // of a short value.
   bool names_fields = false;
-  for (std::string_view rest = connection_; !rest.empty();) {
-    auto comma = rest.find(',');
-    auto token = trim_ows(rest.substr(0, comma));
-    if (!token.empty() && !iequals(token, "close") && !iequals(token, "keep-alive")) names_fields = true;
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
+  for (std::string_view rest = connection_; !rest.empty() && !names_fields;) {
+    const auto token = next_list_element(rest);
+    names_fields = !token.empty() && !iequals(token, "close") && !iequals(token, "keep-alive");
   }
   if (!names_fields) return;
   // Every line after the status line is "Name: value\r\n", written by append_field above.
