@@ -219,6 +219,8 @@ std::string_view to_string(log_level level) {
 /// More worker threads than this is a typo, not a machine: each one owns a listener socket and
 /// per-replica connection pools.
 constexpr unsigned max_threads = 1024;
+/// Spinning longer than this between events only burns CPU: a VM's wake-up costs tens of µs.
+constexpr unsigned max_busy_poll_us = 10000;
 /// The header limit ends up in Beast's parser, which takes a 32-bit value; 1 GiB is far above any
 /// sane header block and well inside that.
 constexpr std::uint64_t max_header_bytes_limit = 1024ull * 1024 * 1024;
@@ -345,6 +347,8 @@ const std::vector<key_spec>& key_table() {
     t.push_back({"listen", host_port_setter([](config& c) -> auto& { return c.listen; })});
     t.push_back({"admin_listen", host_port_setter([](config& c) -> auto& { return c.admin_listen; })});
     t.push_back({"threads", count_setter([](config& c) -> auto& { return c.threads; }, 0, max_threads)});
+    t.push_back({"busy_poll_us",
+                 count_setter([](config& c) -> auto& { return c.busy_poll_us; }, 0, max_busy_poll_us)});
     t.push_back({"node_ip", optional_string_setter([](config& c) -> auto& { return c.node_ip; }, check_ip)});
     t.push_back({"root_path", string_setter([](config& c) -> auto& { return c.root_path; }, check_root_path)});
     t.push_back({"log_level", [](config& c, const std::string& v) -> problem {
@@ -850,6 +854,7 @@ std::optional<config_error> validate(const config& cfg, bool demo) {
   if (auto p = check_host_port(cfg.listen)) return fail("listen", *p);
   if (auto p = check_host_port(cfg.admin_listen)) return fail("admin_listen", *p);
   if (auto p = check_count(cfg.threads, 0, max_threads)) return fail("threads", *p);
+  if (auto p = check_count(cfg.busy_poll_us, 0, max_busy_poll_us)) return fail("busy_poll_us", *p);
   if (!cfg.node_ip.empty()) {
     if (auto p = check_ip(cfg.node_ip)) return fail("node_ip", *p);
   }

@@ -169,6 +169,7 @@ class worker {
   std::size_t session_count() const { return sessions_.size(); }
 
  private:
+  void event_loop();  // run(), with busy_poll_us spinning
   awaitable<void> accept_loop();
   awaitable<void> sweep_loop();
   awaitable<void> idle_loop();

@@ -2,7 +2,11 @@
 // SSE events are relayed as they are generated, cancellation flows both ways, and upstream
 // failures are reported (before headers) or never disguised as a clean end (after headers).
 #include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <thread>
 #include <vector>
 #include <string>
 
@@ -432,6 +436,50 @@ TEST(Streaming, ConcurrentStreamsThroughOneWorkerNeverMixTheirBytes) {
     ASSERT_EQ(res.body.size(), body_size) << "stream " << k;
     EXPECT_TRUE(res.body == body_of(k)) << "stream " << k << " got bytes that are not its own";
   }
+}
+
+/// CPU time (ns) the daemon's worker threads ("ingressd-wN") have used so far, from schedstat.
+std::uint64_t worker_cpu_ns() {
+  std::uint64_t total = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.rfind("ingressd-w", 0) != 0) continue;
+    std::ifstream sched(task.path() / "schedstat");
+    std::uint64_t ns = 0;
+    sched >> ns;
+    total += ns;
+  }
+  return total;
+}
+
+TEST(Streaming, BusyPollingWorkerRelaysEventByEventAndSleepsWhenIdle) {
+  // busy_poll_us: the worker spins after work instead of sleeping at once (worker::event_loop).
+  // It must still serve streams event by event, and it must stop spinning when there is no
+  // work: a worker that never sleeps would use the whole idle window below.
+  replica_server r(named("SERVE_REPLICA::llm#A#1", 30ms, 6));
+  auto cfg = test_config(1);
+  cfg.busy_poll_us = 10000;  // the largest allowed: a spin that never ended would show clearly
+  proxy p(cfg);
+  route_all_to(p, r);
+
+  for (int i = 0; i < 3; ++i) {
+    auto res = http_post(loopback, p.port(), "/v1/chat/completions", {{"Content-Type", "application/json"}}, stream_body);
+    ASSERT_TRUE(res.complete) << res.error;
+    EXPECT_EQ(res.status, 200u);
+    EXPECT_EQ(res.header("x-served-by").value_or(""), r.name());
+    ASSERT_EQ(res.events.size(), 7u);  // 6 tokens + [DONE]
+    EXPECT_GE(res.events.back().at - res.events.front().at, 100ms) << "events were held back";
+  }
+  ASSERT_NE(worker_cpu_ns(), 0u) << "no worker thread found (thread names changed?)";
+
+  // Idle: the only work is the worker's 1 s housekeeping timer, each followed by at most 10 ms
+  // of spinning. A worker that kept spinning would use ~all of the 800 ms.
+  const auto before = worker_cpu_ns();
+  std::this_thread::sleep_for(800ms);
+  const auto used = std::chrono::nanoseconds(worker_cpu_ns() - before);
+  EXPECT_LT(used, 200ms) << "an idle busy-polling worker must sleep";
 }
 
 TEST(Streaming, Http10ClientGetsCloseDelimitedStreamWithoutTransferEncoding) {

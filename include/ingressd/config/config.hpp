@@ -90,6 +90,10 @@ struct config {
   host_port listen{"0.0.0.0", 8000};             ///< listen / --listen
   host_port admin_listen{"127.0.0.1", 9101};     ///< admin_listen / --admin-listen
   unsigned threads = 0;                          ///< threads / --threads (0 = number of CPUs)
+  /// busy_poll_us: after a worker has run work, it polls for more without sleeping for this many
+  /// microseconds before it blocks in epoll_wait (0 = off). Trades CPU for wake-up latency on VMs
+  /// whose idle CPUs halt (an extension beyond the contract; docs/configuration.md).
+  unsigned busy_poll_us = 0;
   std::string node_ip;                           ///< node_ip / --node-ip (contract §3.3)
   std::string root_path;                         ///< root_path: stripped before route matching
   log_level level = log_level::info;             ///< log_level / --log-level
