@@ -222,7 +222,7 @@ TEST(ConfigYaml, EveryKeyTestCoversEveryKnownKey) {
 }
 
 TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
-  // busy_poll_us is the one key beyond the contract (docs/contract.md, "Extensions").
+  // busy_poll_us is the one key beyond the contract (docs/configuration.md, `busy_poll_us`).
   const std::set<std::string> contract{
       "listen", "admin_listen", "threads", "busy_poll_us", "node_ip", "root_path", "log_level", "access_log",
       "topology.file", "topology.ray_dashboard", "topology.url", "topology.poll_interval",
