@@ -5,6 +5,7 @@
 #   bench/run.sh [--quick] [--rounds N] [--duration S] [--idle-conns N] [--ingressd PATH] [--keep]
 #   bench/run.sh --profile plain|router [--duration S]    # ingressd under callgrind, instructions/request
 #   bench/run.sh --scaling [--rounds N]                   # only the 1 -> 2 thread runs (see README)
+#   bench/run.sh --ab OLD [--rounds N] [--duration S]     # this build vs another ingressd build, paired
 #
 # Layout (2 cores): core 1 = the proxy under test (ingressd --threads 1 / HAProxy nbthread 1),
 # core 0 = everything else (wrk, nginx fakes for replicas and routers, the Python SSE replica and
@@ -26,6 +27,7 @@ DURATION=""
 IDLE_N=""
 KEEP=0
 PROFILE=""
+AB=""
 INGRESSD=${INGRESSD:-$ROOT/build/release/ingressd}
 PORT_BASE=${BENCH_PORT_BASE:-18400}
 GATE_RATIO=${BENCH_GATE_RATIO:-2.0}
@@ -41,6 +43,7 @@ while (($#)); do
     --ingressd) INGRESSD=$2; shift ;;
     --keep) KEEP=1 ;;
     --profile) PROFILE=$2; shift ;;
+    --ab) AB=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -49,6 +52,12 @@ done
 [[ -z $PROFILE || $PROFILE == plain || $PROFILE == router ]] || { echo "--profile plain|router" >&2; exit 2; }
 if [ -n "$PROFILE" ]; then
   ROUNDS=1; DURATION=${DURATION:-10}; WARMUP=2; IDLE_N=${IDLE_N:-100}; TTFT_N=0; KEEP=1
+elif [ -n "$AB" ]; then
+  # Many short paired runs: the host's noise drifts over seconds (bench/README "A/B"), so each
+  # pair is two back-to-back runs and the verdict is the median of the per-pair ratios.
+  [ -x "$AB" ] || { echo "--ab: '$AB' is not an executable" >&2; exit 2; }
+  ROUNDS=${ROUNDS:-12}; DURATION=${DURATION:-2}; WARMUP=1; IDLE_N=${IDLE_N:-100}; TTFT_N=0
+  SCENARIOS=(plain_c64 router_c16 router_c64 router_c256); THREADS2=0
 elif ((QUICK)); then
   ROUNDS=${ROUNDS:-1}; DURATION=${DURATION:-4}; WARMUP=1; IDLE_N=${IDLE_N:-2000}; TTFT_N=50
   SCENARIOS=(plain_c64 router_c64); THREADS2=0
@@ -631,6 +640,41 @@ if [ -n "$PROFILE" ]; then
       "$TMP/strace.txt" | sort -k2 -rn | head -12
     awk -v r="$reqs" '/total/ {printf "  %-16s %6.2f /request (%d requests under strace)\n", "all syscalls", $4 / r, r}' "$TMP/strace.txt"
   fi
+  exit 0
+fi
+
+# --ab: both builds run at once on the proxy core (each sleeps while the other is measured);
+# every pair runs A then B or B then A, alternating, back to back
+if [ -n "$AB" ]; then
+  start_bg ingressd "$PROXY_CORE" "${ING_ENV[@]}" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 \
+    --listen "127.0.0.1:$P_ING" --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" \
+    --topology-file "$TMP/topology.json"
+  A_PID=$LAST_PID
+  start_bg ingressd-old "$PROXY_CORE" "${ING_ENV[@]}" "$AB" --config "$TMP/ingressd.yaml" --threads 1 \
+    --listen "127.0.0.1:$P_ING2" --admin-listen "127.0.0.1:$P_ING2_ADMIN" --node-ip "$NODE_IP" \
+    --topology-file "$TMP/topology.json"
+  B_PID=$LAST_PID
+  for port in $P_ING $P_ING2; do
+    wait_port 127.0.0.1 "$port"; probe 127.0.0.1 "$port" || { tail -20 "$TMP"/ingressd*.log >&2; exit 1; }
+  done
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for scen in "${SCENARIOS[@]}"; do
+      conns=${scen##*_c}; kind=POST; [[ $scen == plain_* ]] && kind=GET
+      if ((r % 2)); then
+        run_wrk "$r" new "$P_ING" "$A_PID" "$scen" "$conns" "$kind"
+        run_wrk "$r" old "$P_ING2" "$B_PID" "$scen" "$conns" "$kind"
+      else
+        run_wrk "$r" old "$P_ING2" "$B_PID" "$scen" "$conns" "$kind"
+        run_wrk "$r" new "$P_ING" "$A_PID" "$scen" "$conns" "$kind"
+      fi
+    done
+  done
+  stop_pid "$A_PID"; stop_pid "$B_PID"
+  echo
+  echo "new: $INGRESSD"
+  echo "old: $AB"
+  echo "$ROUNDS pairs x ${DURATION}s per scenario, proxy core $PROXY_CORE; loadavg at end $(cut -d' ' -f1-3 /proc/loadavg)"
+  python3 "$LIB/report.py" ab --results "$RESULTS"
   exit 0
 fi
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian 12 machine to a passing test suite: installs dependencies,
-# builds and runs the unit and integration tests (release build), then the container image's build
-# steps from a clean build directory (packaging/container/check.sh), then the same suite under
-# ASan+UBSan and TSan, then a short libFuzzer run of every fuzz target over its seed corpus
-# (clang). Set INGRESSD_QUICK=1 to skip the container check, the sanitizer builds and the fuzz run.
+# builds and runs the unit and integration tests (release build), then the benchmark's quick gate
+# (bench/run.sh --quick: fails when the router path serves less than 2x the req/s of HAProxy + Lua
+# in the same run), then the container image's build steps from a clean build directory
+# (packaging/container/check.sh), then the same suite under ASan+UBSan and TSan, then a short
+# libFuzzer run of every fuzz target over its seed corpus (clang). Set INGRESSD_QUICK=1 to skip
+# all but the first step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # systemd: only for systemd-analyze (the unit is verified in ctest), never started
@@ -19,6 +21,9 @@ run_suite() {
 }
 run_suite release
 if [ "${INGRESSD_QUICK:-0}" != 1 ]; then
+  # performance regressions: timed, so it runs alone, right after the release build it measures
+  echo "=== bench: quick gate (bench/README.md)"
+  bench/run.sh --quick
   JOBS="$jobs" packaging/container/check.sh
   run_suite asan
   run_suite tsan

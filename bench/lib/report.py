@@ -333,6 +333,30 @@ def cmd_table(a):
     return 0
 
 
+def cmd_ab(a):
+    """Paired comparison of two ingressd builds (run.sh --ab): per scenario, the median and the
+    quartiles of new/old over the pairs, which cancels the host's drift between pairs."""
+    data = load(a.results)
+    scens = sorted({s for (p, s, m) in data if p == "new"}, key=lambda s: (s.split("_c")[0], int(s.split("_c")[1])))
+    print("%-12s | %-26s | %-26s | %-9s | %-9s" % ("scenario", "req/s new/old [q1-q3]", "CPU/req new/old [q1-q3]",
+                                                    "new req/s", "old req/s"))
+    print("-" * 13 + "+" + "-" * 28 + "+" + "-" * 28 + "+" + "-" * 11 + "+" + "-" * 10)
+    for scen in scens:
+        cells = []
+        for metric in ("rps", "cpu_us"):
+            rs = per_round_ratio(data.get(("new", scen, metric), {}), data.get(("old", scen, metric), {}))
+            if len(rs) >= 2:
+                q = statistics.quantiles(rs, n=4)
+                cells.append("%.3f [%.3f-%.3f] n=%d" % (statistics.median(rs), q[0], q[2], len(rs)))
+            else:
+                cells.append("%.3f n=%d" % (statistics.median(rs), len(rs)) if rs else "-")
+        print("%-12s | %-26s | %-26s | %-9.0f | %-9.0f" % (scen, cells[0], cells[1],
+              med(data.get(("new", scen, "rps"), {})) or 0, med(data.get(("old", scen, "rps"), {})) or 0))
+    print("ratios < 1 in CPU/req and > 1 in req/s favour the new build; when the quartiles straddle 1 the")
+    print("difference is within the noise of this run")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -353,6 +377,8 @@ def main():
     j.add_argument("--proxy", required=True)
     j.add_argument("--scenario", required=True)
     j.add_argument("--keys")
+    b = sub.add_parser("ab")
+    b.add_argument("--results", required=True)
     t = sub.add_parser("table")
     t.add_argument("--results", required=True)
     t.add_argument("--quick", action="store_true")
@@ -362,6 +388,8 @@ def main():
         cmd_wrk(a)
     elif a.cmd == "json":
         cmd_json(a)
+    elif a.cmd == "ab":
+        sys.exit(cmd_ab(a))
     else:
         sys.exit(cmd_table(a))
 
