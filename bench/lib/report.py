@@ -316,6 +316,7 @@ def cmd_table(a):
     print("\n".join(goals))
 
     if a.quick:
+        print("(goals above: one short round, for information; only the quick gate below sets the exit status)")
         r = ratio("router_c64", "rps")
         e = sum(data.get(("ingressd", "router_c64", "errors"), {}).values())
         n = sum(data.get(("ingressd", "router_c64", "requests"), {}).values()) or 1
