@@ -53,7 +53,7 @@ done
 if [ -n "$PROFILE" ]; then
   ROUNDS=1; DURATION=${DURATION:-10}; WARMUP=2; IDLE_N=${IDLE_N:-100}; TTFT_N=0; KEEP=1
 elif [ -n "$AB" ]; then
-  # Many short paired runs: the host's noise drifts over seconds (bench/README "A/B"), so each
+  # Many short paired runs: the host's noise drifts over seconds (bench/README "Comparing two builds"), so each
   # pair is two back-to-back runs and the verdict is the median of the per-pair ratios.
   [ -x "$AB" ] || { echo "--ab: '$AB' is not an executable" >&2; exit 2; }
   ROUNDS=${ROUNDS:-12}; DURATION=${DURATION:-2}; WARMUP=1; IDLE_N=${IDLE_N:-100}; TTFT_N=0

@@ -89,7 +89,9 @@ awaitable<error_code> send(Socket& s, std::span<asio::const_buffer> bufs) {
 /// tries a read before it waits) costs a recv that fails with EAGAIN, then the wait. Under load the
 /// other ready handlers take long enough for the router or replica to answer, and the first read
 /// finds the reply: 4 recv per routed request instead of 6, and at 256 connections half the
-/// cross-core wake-ups (IPIs 0.23 -> 0.08-0.13 per request; bench/README "c256"). An idle worker has nothing else queued and resumes at once.
+/// cross-core wake-ups (IPIs 0.23 -> 0.08-0.13 per request; bench/README "c64 -> c256"). An idle
+/// worker has nothing else queued and resumes at once. A timer or cancellation that fires while
+/// the caller waits here finds nothing to cancel, so callers check for one before they read.
 auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc, asio::use_awaitable); }
 
 /// Decrements a replica's in-flight count when a proxied request ends, however it ends.
@@ -360,7 +362,9 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
     if (!wec) {
       http::bounded_buffer in(conn->buf, http::body_read_cap(router_header_limit));  // endless chunk line
       co_await after_ready_handlers(w_.ioc());
-      std::tie(rec, std::ignore) = co_await bhttp::async_read(conn->sock, in, rp, nothrow);
+      // The timer or abort() may have fired meanwhile, with no read pending to cancel.
+      if (router_timed_out_ || aborted_) rec = asio::error::operation_aborted;
+      else std::tie(rec, std::ignore) = co_await bhttp::async_read(conn->sock, in, rp, nothrow);
     }
     router_conn_ = nullptr;
     if (rec) {
@@ -974,7 +978,11 @@ resend:
     if (head_only) rp->skip(true);
     arm(cfg.upstream.first_byte_timeout, phase::first_byte);
     co_await after_ready_handlers(w_.ioc());
-    auto [ec, n] = co_await bhttp::async_read_header(conn->sock, conn->buf, *rp, nothrow);
+    // The deadline, the client watch or abort() may have fired meanwhile, with no read pending
+    // to cancel: end as that read would have.
+    error_code ec;
+    if (timed_out(phase::first_byte) || client_gone_ || aborted_) ec = asio::error::operation_aborted;
+    else std::tie(ec, std::ignore) = co_await bhttp::async_read_header(conn->sock, conn->buf, *rp, nothrow);
     if (ec) {
       co_await stop_watch();
       if (aborted_) co_return outcome::close;
