@@ -71,7 +71,10 @@ class Process : public ::testing::Test {
                   "127.0.0.1:" + std::to_string(port_), "--admin-listen", "127.0.0.1:" + std::to_string(admin_),
                   "--threads", std::to_string(threads), "--node-ip", "127.0.0.2"},
                  opts);
+    // Both: the admin listener opens just after the proxy's, and a test that asks it at once
+    // (under TSan) found it refused.
     EXPECT_TRUE(wait_listening(port_, 5s)) << p->output();
+    EXPECT_TRUE(wait_listening(admin_, 5s)) << p->output();
     return p;
   }
   /// A sample of an unlabelled /metrics family, or -1 when it cannot be read.
