@@ -456,14 +456,20 @@ conns_to() { # established connections towards a port range (the proxy's upstrea
   ss -Htn state established "( dport >= :$1 and dport <= :$2 )" 2>/dev/null | wc -l
 }
 
+# ingressd_args LISTEN_PORT ADMIN_PORT CONFIG THREADS: ingressd's command line (after the binary)
+# on the bench's topology, in ING_ARGS
+ingressd_args() {
+  ING_ARGS=(--config "$3" --threads "$4" --listen "127.0.0.1:$1" --admin-listen "127.0.0.1:$2"
+            --node-ip "$NODE_IP" --topology-file "$TMP/topology.json")
+}
+
 ING_PID=""; HAP_PID=""
 start_proxies() { # threads [bp: the busy-poll variant]
   local threads=$1 core=$PROXY_CORE lp=$P_ING ap=$P_ING_ADMIN hp=$P_HAP cfg=$TMP/haproxy.cfg icfg=$TMP/ingressd.yaml
   if ((threads == 2)); then core=$BOTH_CORES; lp=$P_ING2; ap=$P_ING2_ADMIN; hp=$P_HAP2; cfg=$TMP/haproxy2.cfg; fi
   if [ "${2:-}" = bp ]; then cfg=$TMP/haproxy-bp.cfg; icfg=$TMP/ingressd-bp.yaml; fi
-  start_bg ingressd "$core" "${ING_ENV[@]}" "$INGRESSD" --config "$icfg" --threads "$threads" \
-    --listen "127.0.0.1:$lp" --admin-listen "127.0.0.1:$ap" --node-ip "$NODE_IP" \
-    --topology-file "$TMP/topology.json"
+  ingressd_args "$lp" "$ap" "$icfg" "$threads"
+  start_bg ingressd "$core" "${ING_ENV[@]}" "$INGRESSD" "${ING_ARGS[@]}"
   ING_PID=$LAST_PID
   start_bg haproxy "$core" haproxy -db -f "$cfg"
   HAP_PID=$LAST_PID
@@ -519,6 +525,13 @@ stop_proxies() {
 }
 proxy_pid() { if [ "$1" = ingressd ]; then echo "$ING_PID"; else echo "$HAP_PID"; fi; }
 proxy_port() { if [ "$1" = ingressd ]; then echo "$ING_PORT"; else echo "$HAP_PORT"; fi; }
+
+# run_scenario ROUND PROXY PORT PID SCENARIO: a plain_cN (GET) or router_cN (POST) scenario
+run_scenario() {
+  local scen=$5 kind=POST
+  [[ $scen == plain_* ]] && kind=GET
+  run_wrk "$1" "$2" "$3" "$4" "$scen" "${scen##*_c}" "$kind"
+}
 
 # run_wrk ROUND PROXY PORT PID SCENARIO CONNS GET|POST
 run_wrk() {
@@ -603,9 +616,9 @@ wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port $NODE_IP "${ROUTER_PORTS[0]
 if [ -n "$PROFILE" ]; then
   PCONNS=${BENCH_PROFILE_CONNS:-64}
   kind=GET; [ "$PROFILE" = router ] && kind=POST
+  ingressd_args "$P_ING" "$P_ING_ADMIN" "$TMP/ingressd.yaml" 1
   start_bg ingressd "$PROXY_CORE" "${ING_ENV[@]}" valgrind --tool=callgrind ${BENCH_CALLGRIND_OPTS:-} --instr-atstart=no --callgrind-out-file="$TMP/callgrind.out" \
-    "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 --listen "127.0.0.1:$P_ING" \
-    --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" --topology-file "$TMP/topology.json"
+    "$INGRESSD" "${ING_ARGS[@]}"
   ING_PID=$LAST_PID
   for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$P_ING") 2>/dev/null && break; sleep 0.1; done
   probe 127.0.0.1 "$P_ING" || { tail -20 "$TMP/ingressd.log" >&2; exit 1; }
@@ -625,9 +638,7 @@ if [ -n "$PROFILE" ]; then
   stop_pid "$ING_PID"
   # the kernel side: system calls per request, counted by strace on a native run
   if command -v strace >/dev/null; then
-    start_bg ingressd "$PROXY_CORE" "${ING_ENV[@]}" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 \
-      --listen "127.0.0.1:$P_ING" --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" \
-      --topology-file "$TMP/topology.json"
+    start_bg ingressd "$PROXY_CORE" "${ING_ENV[@]}" "$INGRESSD" "${ING_ARGS[@]}"
     ING_PID=$LAST_PID
     wait_port 127.0.0.1 "$P_ING"; probe 127.0.0.1 "$P_ING"
     taskset -c $LOAD_CORE wrk -t1 -c"$PCONNS" -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
@@ -646,30 +657,24 @@ fi
 # --ab: both builds run at once on the proxy core (each sleeps while the other is measured);
 # every pair runs A then B or B then A, alternating, back to back
 if [ -n "$AB" ]; then
-  start_bg ingressd "$PROXY_CORE" "${ING_ENV[@]}" "$INGRESSD" --config "$TMP/ingressd.yaml" --threads 1 \
-    --listen "127.0.0.1:$P_ING" --admin-listen "127.0.0.1:$P_ING_ADMIN" --node-ip "$NODE_IP" \
-    --topology-file "$TMP/topology.json"
-  A_PID=$LAST_PID
-  start_bg ingressd-old "$PROXY_CORE" "${ING_ENV[@]}" "$AB" --config "$TMP/ingressd.yaml" --threads 1 \
-    --listen "127.0.0.1:$P_ING2" --admin-listen "127.0.0.1:$P_ING2_ADMIN" --node-ip "$NODE_IP" \
-    --topology-file "$TMP/topology.json"
-  B_PID=$LAST_PID
-  for port in $P_ING $P_ING2; do
-    wait_port 127.0.0.1 "$port"; probe 127.0.0.1 "$port" || { tail -20 "$TMP"/ingressd*.log >&2; exit 1; }
+  declare -A AB_PORT=([new]=$P_ING [old]=$P_ING2) AB_PID
+  ingressd_args "$P_ING" "$P_ING_ADMIN" "$TMP/ingressd.yaml" 1
+  start_bg ingressd "$PROXY_CORE" "${ING_ENV[@]}" "$INGRESSD" "${ING_ARGS[@]}"
+  AB_PID[new]=$LAST_PID
+  ingressd_args "$P_ING2" "$P_ING2_ADMIN" "$TMP/ingressd.yaml" 1
+  start_bg ingressd-old "$PROXY_CORE" "${ING_ENV[@]}" "$AB" "${ING_ARGS[@]}"
+  AB_PID[old]=$LAST_PID
+  for p in new old; do
+    wait_port 127.0.0.1 "${AB_PORT[$p]}"
+    probe 127.0.0.1 "${AB_PORT[$p]}" || { tail -20 "$TMP"/ingressd*.log >&2; exit 1; }
   done
   for ((r = 1; r <= ROUNDS; r++)); do
+    if ((r % 2)); then ORDER=(new old); else ORDER=(old new); fi
     for scen in "${SCENARIOS[@]}"; do
-      conns=${scen##*_c}; kind=POST; [[ $scen == plain_* ]] && kind=GET
-      if ((r % 2)); then
-        run_wrk "$r" new "$P_ING" "$A_PID" "$scen" "$conns" "$kind"
-        run_wrk "$r" old "$P_ING2" "$B_PID" "$scen" "$conns" "$kind"
-      else
-        run_wrk "$r" old "$P_ING2" "$B_PID" "$scen" "$conns" "$kind"
-        run_wrk "$r" new "$P_ING" "$A_PID" "$scen" "$conns" "$kind"
-      fi
+      for p in "${ORDER[@]}"; do run_scenario "$r" "$p" "${AB_PORT[$p]}" "${AB_PID[$p]}" "$scen"; done
     done
   done
-  stop_pid "$A_PID"; stop_pid "$B_PID"
+  stop_pid "${AB_PID[new]}"; stop_pid "${AB_PID[old]}"
   echo
   echo "new: $INGRESSD"
   echo "old: $AB"
@@ -706,10 +711,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     for p in "${ORDER[@]}"; do run_ttft "$r" "$p"; done
   fi
   for scen in "${SCENARIOS[@]}"; do
-    conns=${scen##*_c}; kind=POST; [[ $scen == plain_* ]] && kind=GET
-    for p in "${ORDER[@]}"; do
-      run_wrk "$r" "$p" "$(proxy_port "$p")" "$(proxy_pid "$p")" "$scen" "$conns" "$kind"
-    done
+    for p in "${ORDER[@]}"; do run_scenario "$r" "$p" "$(proxy_port "$p")" "$(proxy_pid "$p")" "$scen"; done
   done
   stop_proxies
   # SSE TTFT again with busy polling on both (ingressd busy_poll_us, HAProxy busy-polling)
