@@ -1064,8 +1064,15 @@ resend:
     if (!rp->is_done()) {
       rp->body_window(window, relay_size);
       if (conn->buf.size() > 0) {
-        const auto used = rp->put(conn->buf.data(), read_ec);
-        conn->buf.consume(used);
+        // put() takes one framing step per call (a chunk's size line, then its data): one call
+        // sent a head that came with the first event on its own, the event in a second send. Go
+        // on while bytes are buffered. (Not eager(): Beast's read would then wait for the next
+        // chunk's size line before completing with the data it already has, batching events.)
+        for (;;) {
+          const auto used = rp->put(conn->buf.data(), read_ec);
+          conn->buf.consume(used);
+          if (read_ec || used == 0 || conn->buf.size() == 0 || rp->is_done()) break;
+        }
         if (read_ec == bhttp::error::need_buffer || read_ec == bhttp::error::need_more) read_ec = {};
         got = relay_size - rp->body_left();
       }

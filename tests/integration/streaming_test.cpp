@@ -89,6 +89,22 @@ TEST(Streaming, ScriptedEventStreamOnAnyPathIsRelayedEventByEvent) {
   EXPECT_GE(separate, 4u);
 }
 
+TEST(Streaming, EachEventIsRelayedBeforeTheReplicaWritesTheNext) {
+  // A relay that holds an event until the next chunk's size line arrives still shows events
+  // spread out (each one interval late), which the test above accepts; here that shows as two
+  // events arriving together. The replica writes an event every 400 ms.
+  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  r.set_behaviour(replica_behaviour::stream_events(4, 400ms));
+  proxy p(test_config());
+  route_all_to(p, r);
+
+  auto res = http_get(loopback, p.port(), "/events");
+  ASSERT_TRUE(res.complete) << res.error;
+  ASSERT_EQ(res.events.size(), 5u);  // 4 events + [DONE]
+  for (std::size_t i = 1; i < res.events.size(); ++i)
+    EXPECT_GE(res.events[i].at - res.events[i - 1].at, 150ms) << "event " << i << " arrived with the one before it";
+}
+
 TEST(Streaming, ClientDisconnectMidStreamClosesTheUpstream) {
   replica_server r(named("SERVE_REPLICA::llm#A#1", 50ms, 200));  // ~10 s if nobody stops it
   proxy p(test_config());
