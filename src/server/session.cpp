@@ -306,9 +306,14 @@ awaitable<error_code> session::read_prebody(std::size_t cap) {
     body.data = rq_->prebody.data() + old;
     body.size = room;
     arm(cfg.client.body_timeout, phase::body);
-    http::bounded_buffer in(buf_, http::body_read_cap(cfg.client.max_header_bytes));  // A10, A11
-    auto [ec, n] = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
-    if (ec == bhttp::error::need_buffer) ec = {};
+    // The body of an LLM request nearly always came with the head: parse it in place; read only
+    // when that makes no progress.
+    error_code ec;
+    if (http::put_buffered(*parser_, buf_, ec) == 0 && (!ec || ec == bhttp::error::need_more)) {
+      http::bounded_buffer in(buf_, http::body_read_cap(cfg.client.max_header_bytes));  // A10, A11
+      std::tie(ec, std::ignore) = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
+    }
+    if (ec == bhttp::error::need_buffer || ec == bhttp::error::need_more) ec = {};
     rq_->prebody.resize(old + room - body.size);
     if (ec) co_return ec;
   }
@@ -1064,15 +1069,9 @@ resend:
     if (!rp->is_done()) {
       rp->body_window(window, relay_size);
       if (conn->buf.size() > 0) {
-        // put() takes one framing step per call (a chunk's size line, then its data): one call
-        // sent a head that came with the first event on its own, the event in a second send. Go
-        // on while bytes are buffered. (Not eager(): Beast's read would then wait for the next
-        // chunk's size line before completing with the data it already has, batching events.)
-        for (;;) {
-          const auto used = rp->put(conn->buf.data(), read_ec);
-          conn->buf.consume(used);
-          if (read_ec || used == 0 || conn->buf.size() == 0 || rp->is_done()) break;
-        }
+        // All of it, not one framing step: one step sent a head that came with the first event
+        // on its own, the event in a second send.
+        http::put_buffered(*rp, conn->buf, read_ec);
         if (read_ec == bhttp::error::need_buffer || read_ec == bhttp::error::need_more) read_ec = {};
         got = relay_size - rp->body_left();
       }
