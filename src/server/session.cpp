@@ -94,6 +94,30 @@ awaitable<error_code> send(Socket& s, std::span<asio::const_buffer> bufs) {
 /// the caller waits here finds nothing to cancel, so callers check for one before they read.
 auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc, asio::use_awaitable); }
 
+/// After after_ready_handlers the reply has usually arrived: take what the socket holds (at most
+/// up to `cap` buffered bytes) and parse it here. `whole`: the complete message, else its head.
+/// True when no read operation is needed: the part is parsed, or `ec` says why it cannot be.
+/// Why: Asio's read would find the bytes with its first try too, but it completes through the
+/// scheduler queue, so the request would resume only after every other ready handler, its state
+/// out of the cache again (as head_now avoids for the client's request head).
+template <class Socket, class Parser>
+bool reply_now(Socket& s, boost::beast::flat_buffer& buf, std::size_t cap, Parser& p, bool whole, error_code& ec) {
+  if (buf.size() == 0) {
+    const std::size_t want = std::min(std::max<std::size_t>(512, buf.capacity()), cap);
+    auto room = buf.prepare(want);
+    const auto n = ::recv(s.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
+    if (n <= 0) return false;  // nothing yet, EOF or an error: the read operation reports it
+    buf.commit(static_cast<std::size_t>(n));
+  }
+  if (whole) {
+    http::put_buffered(p, buf, ec);
+  } else {
+    buf.consume(p.put(buf.data(), ec));  // one step: the head, and nothing of the body yet
+  }
+  if (ec == bhttp::error::need_more) ec = {};
+  return ec || (whole ? p.is_done() : p.is_header_done());
+}
+
 /// Decrements a replica's in-flight count when a proxied request ends, however it ends.
 struct load_guard {
   replica_load* l = nullptr;
@@ -369,7 +393,8 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
       co_await after_ready_handlers(w_.ioc());
       // The timer or abort() may have fired meanwhile, with no read pending to cancel.
       if (router_timed_out_ || aborted_) rec = asio::error::operation_aborted;
-      else std::tie(rec, std::ignore) = co_await bhttp::async_read(conn->sock, in, rp, nothrow);
+      else if (!reply_now(conn->sock, conn->buf, in.max_size(), rp, true, rec))
+        std::tie(rec, std::ignore) = co_await bhttp::async_read(conn->sock, in, rp, nothrow);
     }
     router_conn_ = nullptr;
     if (rec) {
@@ -987,7 +1012,8 @@ resend:
     // to cancel: end as that read would have.
     error_code ec;
     if (timed_out(phase::first_byte) || client_gone_ || aborted_) ec = asio::error::operation_aborted;
-    else std::tie(ec, std::ignore) = co_await bhttp::async_read_header(conn->sock, conn->buf, *rp, nothrow);
+    else if (!reply_now(conn->sock, conn->buf, relay_size, *rp, false, ec))
+      std::tie(ec, std::ignore) = co_await bhttp::async_read_header(conn->sock, conn->buf, *rp, nothrow);
     if (ec) {
       co_await stop_watch();
       if (aborted_) co_return outcome::close;
