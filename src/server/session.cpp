@@ -94,14 +94,15 @@ awaitable<error_code> send(Socket& s, std::span<asio::const_buffer> bufs) {
 /// the caller waits here finds nothing to cancel, so callers check for one before they read.
 auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc, asio::use_awaitable); }
 
-/// After after_ready_handlers the reply has usually arrived: take what the socket holds (at most
-/// up to `cap` buffered bytes) and parse it here. `whole`: the complete message, else its head.
+/// Takes what the socket holds now (only when nothing is buffered yet; at most `cap` bytes
+/// buffered) and parses it here. `whole`: the complete message, else its head only.
 /// True when no read operation is needed: the part is parsed, or `ec` says why it cannot be.
-/// Why: Asio's read would find the bytes with its first try too, but it completes through the
-/// scheduler queue, so the request would resume only after every other ready handler, its state
-/// out of the cache again (as head_now avoids for the client's request head).
-template <class Socket, class Parser>
-bool reply_now(Socket& s, boost::beast::flat_buffer& buf, std::size_t cap, Parser& p, bool whole, error_code& ec) {
+/// Why: when the bytes are already there, a Beast or Asio read finds them with its first try too,
+/// but it completes through the scheduler queue, so the request resumes only after every other
+/// ready handler, its state out of the cache again. Used where the bytes are nearly always there:
+/// a request head that readiness brought (head_now), a reply after after_ready_handlers.
+template <class Socket, class Buffer, class Parser>
+bool parse_now(Socket& s, Buffer& buf, std::size_t cap, Parser& p, bool whole, error_code& ec) {
   if (buf.size() == 0) {
     const std::size_t want = std::min(std::max<std::size_t>(512, buf.capacity()), cap);
     auto room = buf.prepare(want);
@@ -393,7 +394,7 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
       co_await after_ready_handlers(w_.ioc());
       // The timer or abort() may have fired meanwhile, with no read pending to cancel.
       if (router_timed_out_ || aborted_) rec = asio::error::operation_aborted;
-      else if (!reply_now(conn->sock, conn->buf, in.max_size(), rp, true, rec))
+      else if (!parse_now(conn->sock, conn->buf, in.max_size(), rp, true, rec))
         std::tie(rec, std::ignore) = co_await bhttp::async_read(conn->sock, in, rp, nothrow);
     }
     router_conn_ = nullptr;
@@ -616,24 +617,8 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
 }
 
 bool session::head_now(http::bounded_buffer& in, error_code& ec) {
-  // Readiness (or a pipelined request) brought us here, so the head is nearly always there
-  // already. Beast's async_read_header would find it too, but it completes through the
-  // scheduler queue: an operation allocated, and this request resumed only after every other
-  // ready handler, its state out of the cache again (see write_now).
-  if (in.size() == 0) {
-    const std::size_t want = std::min(std::max<std::size_t>(512, buf_.capacity()), in.max_size());
-    auto room = in.prepare(want);
-    const auto n = ::recv(sock_.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
-    if (n <= 0) return false;  // nothing yet, EOF or an error: the read operation reports it
-    in.commit(static_cast<std::size_t>(n));
-  }
-  const auto used = parser_->put(in.data(), ec);
-  in.consume(used);
-  if (ec == bhttp::error::need_more) {
-    ec = {};
-    return false;
-  }
-  return ec || parser_->is_header_done();
+  // Readiness (or a pipelined request) brought us here, so the head is nearly always there.
+  return parse_now(sock_, in, in.max_size(), *parser_, false, ec);
 }
 
 awaitable<session::outcome> session::serve_one() {
@@ -1012,7 +997,7 @@ resend:
     // to cancel: end as that read would have.
     error_code ec;
     if (timed_out(phase::first_byte) || client_gone_ || aborted_) ec = asio::error::operation_aborted;
-    else if (!reply_now(conn->sock, conn->buf, relay_size, *rp, false, ec))
+    else if (!parse_now(conn->sock, conn->buf, relay_size, *rp, false, ec))
       std::tie(ec, std::ignore) = co_await bhttp::async_read_header(conn->sock, conn->buf, *rp, nothrow);
     if (ec) {
       co_await stop_watch();
