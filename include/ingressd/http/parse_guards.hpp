@@ -135,13 +135,13 @@ inline std::size_t body_read_cap(std::size_t header_limit) noexcept {
   return std::max<std::size_t>(header_limit, 64 * 1024);
 }
 
-/// Feeds `parser` what `b` (a flat_buffer or a bounded_buffer) already holds, one framing step per put() (a chunk's size line, its
-/// data, ...), until the bytes run out, the parser is done, stops making progress (it needs more
-/// bytes: `ec` = need_more) or fails (`ec`; need_buffer when its body window is full). Returns the
-/// bytes consumed. Why not Beast's async_read_some: with the bytes already here it completes through
-/// the scheduler queue, resuming the caller only after every other ready handler, its state out of
-/// the cache; and not eager(): an eager parser makes that read wait for the next chunk's size line
-/// before it completes with data it already has.
+/// Feeds `parser` what `b` (a flat_buffer or a bounded_buffer) already holds, one framing step
+/// per put() (a chunk's size line, its data, ...), until the bytes run out, the parser is done,
+/// stops making progress (`ec` = need_more) or fails (`ec`; need_buffer when its body window is
+/// full). Returns the bytes consumed. For bytes already read, in place of Beast's async_read_some,
+/// which would complete through the scheduler queue (see parse_now in src/server/session.cpp).
+/// Not eager(): an eager parser makes that read wait for the next chunk's size line before it
+/// completes with data it already has.
 template <class Parser, class Buffer>
 std::size_t put_buffered(Parser& parser, Buffer& b, boost::beast::error_code& ec) {
   std::size_t total = 0;
