@@ -376,6 +376,9 @@ const std::vector<key_spec>& key_table() {
     t.push_back({"router.body_limit",
                  size_setter([](config& c) -> auto& { return c.router.body_limit; }, 0,
                              std::numeric_limits<std::uint64_t>::max())});
+    // 0 is meaningful: route at once on the body bytes that came with the head.
+    t.push_back({"router.body_wait",
+                 duration_setter([](config& c) -> auto& { return c.router.body_wait; }, zero::allowed)});
     t.push_back({"router.session_header", [](config& c, const std::string& v) -> problem {
                    // Stored lowercased: header names are case-insensitive and the router path
                    // compares against Beast's lowercase-insensitive lookups.
@@ -434,6 +437,9 @@ const std::vector<key_spec>& key_table() {
     t.push_back({"health.rise", count_setter([](config& c) -> auto& { return c.health.rise; }, 1,
                                              std::numeric_limits<unsigned>::max())});
     t.push_back({"health.timeout", duration_setter([](config& c) -> auto& { return c.health.timeout; }, zero::forbidden)});
+    // 0 turns passive health off.
+    t.push_back({"health.error_limit", count_setter([](config& c) -> auto& { return c.health.error_limit; }, 0,
+                                                    std::numeric_limits<unsigned>::max())});
 
     // 0 is meaningful for both drain settings: stop accepting at once / abort in-flight at once.
     t.push_back({"drain.min_period", duration_setter([](config& c) -> auto& { return c.drain.min_period; }, zero::allowed)});
@@ -896,6 +902,7 @@ std::optional<config_error> validate(const config& cfg, bool demo) {
     if (value > max_duration) return fail(key, "must be at most " + format_duration(max_duration));
   }
   const std::pair<std::string_view, duration> non_negative[] = {
+      {"router.body_wait", cfg.router.body_wait},
       {"drain.min_period", cfg.drain.min_period},
       {"drain.timeout", cfg.drain.timeout},
   };

@@ -47,6 +47,9 @@ cluster::cluster(options opts) : opts_(std::move(opts)) {
     }));
     routers_.back()->set_replicas(replica_targets);
   }
+  for (auto& r : replicas_) r->set_record_limit(opts_.record_limit);
+  echo_->set_record_limit(opts_.record_limit);
+  for (auto& r : routers_) r->set_record_limit(opts_.record_limit);
 }
 
 cluster::~cluster() { stop(); }
@@ -61,12 +64,12 @@ topology::document cluster::document() const {
   auto target_of = [](const server_base& s, const std::string& name, const char* instance) {
     return topology::target{.ip = s.bind_ip(), .port = s.port(), .instance_id = instance, .name = name};
   };
-  topology::app llm{.name = "llm", .route_prefix = "/", .replicas = {}, .routers = {}, .router_fallback = false};
+  topology::app llm{.name = "llm", .route_prefix = "/", .replicas = {}, .routers = {}, .router_fallback = false, .fallback = std::nullopt};
   for (const auto& r : replicas_) llm.replicas.push_back(target_of(*r, r->name(), local_instance));
   for (std::size_t i = 0; i < routers_.size(); ++i)
     llm.routers.push_back(target_of(*routers_[i], routers_[i]->name(), i + 1 == routers_.size() ? remote_instance : local_instance));
 
-  topology::app echo{.name = "echo", .route_prefix = "/echo", .replicas = {}, .routers = {}, .router_fallback = false};
+  topology::app echo{.name = "echo", .route_prefix = "/echo", .replicas = {}, .routers = {}, .router_fallback = false, .fallback = std::nullopt};
   echo.replicas.push_back(target_of(*echo_, echo_->name(), local_instance));
 
   topology::document doc;

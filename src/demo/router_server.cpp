@@ -68,7 +68,7 @@ std::vector<recorded_request> router_server::route_requests() const {
 
 std::vector<std::string> router_server::picks() const {
   std::lock_guard lock(script_mu_);
-  return picks_;
+  return {picks_.begin(), picks_.end()};
 }
 
 awaitable<after_reply> router_server::handle(exchange& ex) {
@@ -104,6 +104,7 @@ awaitable<after_reply> router_server::handle(exchange& ex) {
       pick = replicas_[cursor_ % replicas_.size()];
       ++cursor_;
       picks_.push_back(pick->name);
+      if (picks_.size() > record_limit()) picks_.pop_front();
     }
   }
   if (!pick) co_return co_await reply(ex, 503, json_type, R"({"detail":"No replicas available for the deployment."})");

@@ -373,8 +373,11 @@ awaitable<void> server_base::serve(tcp::socket socket, std::uint64_t id) {
       std::lock_guard lock(mu_);
       if (is_probe(rec))
         ++probes_;
-      else
+      else {
         requests_.push_back(rec);
+        ++recorded_;
+        while (requests_.size() > record_limit_) requests_.pop_front();
+      }
     }
     cv_.notify_all();
 
@@ -391,12 +394,23 @@ awaitable<void> server_base::serve(tcp::socket socket, std::uint64_t id) {
 
 std::vector<recorded_request> server_base::requests() const {
   std::lock_guard lock(mu_);
-  return requests_;
+  return {requests_.begin(), requests_.end()};
 }
 
 std::size_t server_base::request_count() const {
   std::lock_guard lock(mu_);
-  return requests_.size();
+  return recorded_;
+}
+
+void server_base::set_record_limit(std::size_t n) {
+  std::lock_guard lock(mu_);
+  record_limit_ = n;
+  while (requests_.size() > record_limit_) requests_.pop_front();
+}
+
+std::size_t server_base::record_limit() const {
+  std::lock_guard lock(mu_);
+  return record_limit_;
 }
 
 std::size_t server_base::probe_count() const {
@@ -407,6 +421,7 @@ std::size_t server_base::probe_count() const {
 void server_base::clear_requests() {
   std::lock_guard lock(mu_);
   requests_.clear();
+  recorded_ = 0;
 }
 
 std::size_t server_base::connections_accepted() const {
@@ -435,7 +450,7 @@ bool server_base::wait_for(const std::function<bool()>& pred, clock::duration ti
 }
 
 bool server_base::wait_for_requests(std::size_t n, clock::duration timeout) const {
-  return wait_for([&] { return requests_.size() >= n; }, timeout);
+  return wait_for([&] { return recorded_ >= n; }, timeout);
 }
 
 bool server_base::wait_for_connections(std::size_t n, clock::duration timeout) const {

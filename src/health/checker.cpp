@@ -17,6 +17,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace ingressd::health {
@@ -61,10 +62,12 @@ namespace {
 /// One checked target. `up` and `stopped` are read from any thread; the I/O pointers are touched
 /// only on the io_context's thread, and only while the probe loop's frame owns those objects.
 struct target_state {
+  explicit target_state(const config::health_settings& s) : sm(s, /*up=*/true) {}
   std::string key;
   tcp::endpoint dial;  // guarded by checker::impl::mu
   std::atomic<bool> up{true};
   std::atomic<bool> stopped{false};
+  state_machine sm;  // the io_context's thread only
   asio::steady_timer* timer = nullptr;
   beast::tcp_stream* stream = nullptr;
 
@@ -164,24 +167,25 @@ struct checker::impl {
   static awaitable<void> run(std::shared_ptr<impl> self, std::shared_ptr<target_state> ts) {
     asio::steady_timer timer(co_await asio::this_coro::executor);
     registration<asio::steady_timer> reg(ts->timer, timer);
-    state_machine sm(self->settings, /*up=*/true);
+    auto& sm = ts->sm;
     duration delay = initial_delay(self->settings.fast_interval);
     while (!ts->stopped) {
       timer.expires_after(delay);
-      co_await timer.async_wait(nothrow);
+      co_await timer.async_wait(nothrow);  // mark_down() cancels it: check at once
       if (ts->stopped) break;
       std::string failure = co_await probe(*ts, self->dial_of(*ts), self->settings.path, self->settings.timeout);
       if (ts->stopped) break;
       const bool ok = failure.empty();
       if (auto change = sm.record(ok)) {
         ts->up = *change;
+        std::string cause;
         if (*change) {
           spdlog::info("health: replica {} is UP ({} consecutive checks passed)", ts->key, self->settings.rise);
         } else {
-          spdlog::warn("health: replica {} is DOWN ({} consecutive checks failed, last: {})", ts->key,
-                       self->settings.fall, failure);
+          cause = fmt::format("health check: {} ({} consecutive checks failed)", failure, self->settings.fall);
+          spdlog::warn("health: replica {} is DOWN: {}", ts->key, cause);
         }
-        if (self->on_change) self->on_change(ts->key, *change);
+        if (self->on_change) self->on_change(ts->key, *change, cause);
       } else if (!ok) {
         spdlog::debug("health: check of {} failed: {}", ts->key, failure);
       }
@@ -208,7 +212,7 @@ void checker::set_targets(std::vector<target_ref> targets) {
         it->second->dial = t.dial;
         next.emplace(t.key, it->second);
       } else {
-        auto ts = std::make_shared<target_state>();
+        auto ts = std::make_shared<target_state>(impl_->settings);
         ts->key = t.key;
         ts->dial = t.dial;
         next.emplace(t.key, ts);
@@ -225,6 +229,22 @@ void checker::set_targets(std::vector<target_ref> targets) {
   }
   for (auto& ts : removed) asio::dispatch(impl_->ioc.get_executor(), [ts] { ts->cancel(); });
   for (auto& ts : added) asio::co_spawn(impl_->ioc, impl::run(impl_, ts), log_exception);
+}
+
+void checker::mark_down(const std::string& key) {
+  std::shared_ptr<target_state> ts;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->stopped) return;
+    if (auto it = impl_->targets.find(key); it != impl_->targets.end()) ts = it->second;
+  }
+  if (!ts) return;
+  asio::dispatch(impl_->ioc.get_executor(), [ts] {
+    if (ts->stopped || !ts->sm.up()) return;
+    ts->sm.force_down();
+    ts->up = false;
+    if (ts->timer) ts->timer->cancel();  // the next check now, not after `interval`
+  });
 }
 
 void checker::stop() {

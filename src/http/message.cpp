@@ -21,6 +21,15 @@ void append_field(std::string& out, std::string_view name, std::string_view valu
   out.append(name).append(": ").append(value).append("\r\n");
 }
 
+void insert_field(std::string& msg, std::string_view name, std::string_view value) {
+  const auto eol = msg.find("\r\n");
+  if (eol == std::string::npos) return;
+  std::string line;
+  line.reserve(name.size() + value.size() + 4);
+  append_field(line, name, value);
+  msg.insert(eol + 2, line);
+}
+
 bool valid_field_value(std::string_view v) noexcept {
   for (char c : v)
     if (c == '\r' || c == '\n' || c == '\0') return false;

@@ -81,6 +81,11 @@ void relay_response_parser::on_field_impl(bhttp::field f, boost::beast::string_v
       if (!connection_.empty()) connection_.push_back(',');
       connection_.append(v);
       return;
+    case bhttp::field::unknown:
+      // The session sends the request's own id to the client (contract §9): one X-Request-Id,
+      // the one in the access log, whatever the replica echoes.
+      if (iequals(n, "x-request-id")) return;
+      [[fallthrough]];
     default:
       if (always_hop_by_hop(f, n)) return;
       append_field(head_, n, v);

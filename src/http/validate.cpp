@@ -306,6 +306,64 @@ std::size_t leading_empty_lines(std::string_view pending) noexcept {
   return n;
 }
 
+bool malformed_chunk_line(std::string_view pending) noexcept {
+  // The CRLF that ends the previous chunk's data comes first (Beast parses it with the header).
+  if (pending.starts_with("\r\n")) pending.remove_prefix(2);
+  const auto eol = pending.find("\r\n");
+  if (eol == std::string_view::npos) return false;  // not a whole line yet: incomplete, not bad
+  const std::string_view line = pending.substr(0, eol);
+  // chunk-size [ chunk-ext ], chunk-ext = *( BWS ";" BWS ext-name [ BWS "=" BWS ext-val ] )
+  std::size_t i = 0;
+  auto bws = [&] {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+  };
+  auto token = [&] {
+    const auto start = i;
+    while (i < line.size() && (byte_class[static_cast<unsigned char>(line[i])] & k_tchar)) ++i;
+    return i > start;
+  };
+  while (i < line.size() && is_hex(static_cast<unsigned char>(line[i]))) ++i;
+  if (i == 0) return true;
+  for (;;) {
+    bws();
+    if (i == line.size()) return false;
+    if (line[i] != ';') return true;
+    ++i;
+    bws();
+    if (!token()) return true;
+    bws();
+    if (i == line.size() || line[i] == ';') continue;
+    if (line[i] != '=') return true;
+    ++i;
+    bws();
+    if (i < line.size() && line[i] == '"') {
+      // quoted-string: qdtext or quoted-pair, and the closing quote on this line
+      for (++i;; ++i) {
+        if (i >= line.size()) return true;
+        const auto c = static_cast<unsigned char>(line[i]);
+        if (c == '"') break;
+        if (c == '\\') {
+          if (++i >= line.size()) return true;
+          continue;
+        }
+        if ((c < 0x20 && c != '\t') || c == 0x7f) return true;
+      }
+      ++i;
+    } else if (!token()) {
+      return true;
+    }
+  }
+}
+
+bool proxy_owned_field(std::string_view name) noexcept {
+  static constexpr std::string_view router_prefix = "x-serve-router-";
+  if (name.size() >= router_prefix.size() && iequals(name.substr(0, router_prefix.size()), router_prefix))
+    return true;
+  for (std::string_view owned : {"x-request-id", "x-forwarded-for", "x-forwarded-proto", "forwarded", "x-real-ip"})
+    if (iequals(name, owned)) return true;
+  return false;
+}
+
 evaluation evaluate_request(std::string_view bytes, std::size_t header_limit, std::uint64_t body_limit) {
   evaluation ev;
   std::size_t off = 0;
@@ -359,7 +417,15 @@ evaluation evaluate_request(std::string_view bytes, std::size_t header_limit, st
     std::size_t used = 0;
     if (!put(in, ec, used)) return ev;
     off += used;
-    if (ec == bhttp::error::need_more) break;
+    if (ec == bhttp::error::need_more) {
+      // As the session's read_body_some(): a whole chunk line that Beast cannot decide is bad.
+      if (p->chunked() && malformed_chunk_line(bytes.substr(off))) {
+        ev.status = 400;
+        ev.why = "malformed chunk extension";
+        return ev;
+      }
+      break;
+    }
     if (ec) {
       // As the session's body_error(): too large → 413, anything else → 400.
       ev.status = ec == bhttp::error::body_limit ? 413 : 400;

@@ -122,16 +122,33 @@ std::string render(const scrape_input& in) {
                static_cast<double>(local) / static_cast<double>(a.router_pool.size()));
     }
 
-  w.family("ingressd_replica_up", "1 when the replica is up (active health checks), else 0.", "gauge");
-  if (in.topology) {
+  // Each replica once per app (a name listed twice in a group is one series).
+  auto each_replica = [&](auto&& f) {
+    if (!in.topology) return;
     std::set<std::pair<std::string_view, std::string_view>> seen;
     for (const auto& a : in.topology->apps)
-      for (const auto& r : a.replicas) {
-        if (!seen.emplace(a.name, r.name).second) continue;
-        const bool up = !in.replica_up || in.replica_up(r.key);
-        w.sample("ingressd_replica_up", {{"app", a.name}, {"replica", r.name}}, std::uint64_t{up ? 1u : 0u});
-      }
-  }
+      for (const auto& r : a.replicas)
+        if (seen.emplace(a.name, r.name).second) f(a, r);
+  };
+  w.family("ingressd_replica_up",
+           "1 when the replica is up, else 0 (marked down by active health checks or by health.error_limit "
+           "consecutive connection errors).",
+           "gauge");
+  each_replica([&](const topology::app_view& a, const topology::endpoint& r) {
+    const bool up = r.state->up.load(std::memory_order_relaxed);
+    w.sample("ingressd_replica_up", {{"app", a.name}, {"replica", r.name}}, std::uint64_t{up ? 1u : 0u});
+  });
+  w.family("ingressd_replica_marked_down_total",
+           "Times the replica was marked down, by cause: health_check (health.fall failed checks) or "
+           "connection_errors (passive health, health.error_limit).",
+           "counter");
+  each_replica([&](const topology::app_view& a, const topology::endpoint& r) {
+    w.sample("ingressd_replica_marked_down_total", {{"app", a.name}, {"replica", r.name}, {"cause", "health_check"}},
+             r.state->downs_by_check.load(std::memory_order_relaxed));
+    w.sample("ingressd_replica_marked_down_total",
+             {{"app", a.name}, {"replica", r.name}, {"cause", "connection_errors"}},
+             r.state->downs_by_errors.load(std::memory_order_relaxed));
+  });
 
   w.family("ingressd_active_connections", "Open client connections.", "gauge");
   w.sample("ingressd_active_connections", {}, in.active_connections);

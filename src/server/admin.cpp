@@ -18,13 +18,13 @@ namespace ingressd::server {
 
 namespace bhttp = boost::beast::http;
 
-admin_server::admin_server(asio::io_context& ioc, const tcp::endpoint& ep, handlers h)
+admin_server::admin_server(asio::io_context& ioc, const tcp::endpoint& ep, error_code& ec, handlers h)
     : ioc_(ioc), acceptor_(ioc), h_(std::move(h)) {
-  acceptor_.open(ep.protocol());
-  acceptor_.set_option(asio::socket_base::reuse_address(true));
-  acceptor_.bind(ep);
-  acceptor_.listen();
-  port_ = acceptor_.local_endpoint().port();
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) port_ = acceptor_.local_endpoint(ec).port();
 }
 
 void admin_server::start() {
@@ -110,11 +110,6 @@ std::string admin_server::metrics_text() const {
   }
   auto snap = h_.topology ? h_.topology() : nullptr;
   in.topology = snap.get();
-  std::optional<down_set> down;
-  if (h_.down) {
-    down = h_.down();
-    in.replica_up = [&down](const std::string& key) { return !down->contains(key); };
-  }
   if (h_.shared) {
     in.topology_updates = h_.shared->topology_updates.load(std::memory_order_relaxed);
     in.topology_errors = h_.shared->topology_errors.load(std::memory_order_relaxed);
@@ -135,14 +130,26 @@ std::string admin_server::topology_json() const {
     return j.dump();
   }
   j["loaded"] = true;
+  j["serve_running"] = snap->doc.serve_running;
   j["node_ip"] = snap->node_ip;
   j["generation"] = snap->generation;
   j["last_update"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(snap->updated)));
   j["source"] = snap->source;
   j["topology_updates"] = h_.shared ? h_.shared->topology_updates.load() : 0;
   j["topology_errors"] = h_.shared ? h_.shared->topology_errors.load() : 0;
-  std::unordered_map<std::string, std::pair<bool, std::uint32_t>> state;
-  if (h_.replica_state) state = h_.replica_state();
+  std::unordered_map<std::string, std::string> causes;
+  if (h_.down_causes) causes = h_.down_causes();
+  // Health as routing sees it (the upstream state every worker reads), why it is down, and the
+  // requests in flight to it from all workers.
+  auto upstream = [&](const topology::endpoint& e) {
+    nlohmann::json u{{"address", e.key}, {"name", e.name}, {"colocated", e.colocated}};
+    const bool up = e.state->up.load(std::memory_order_relaxed);
+    u["health"] = up ? "up" : "down";
+    if (!up)
+      if (auto it = causes.find(e.key); it != causes.end()) u["down_cause"] = it->second;
+    u["in_flight"] = e.state->in_flight.load(std::memory_order_relaxed);
+    return u;
+  };
   auto& apps = j["apps"] = nlohmann::json::array();
   for (const auto& a : snap->apps) {
     nlohmann::json app;
@@ -153,16 +160,11 @@ std::string admin_server::topology_json() const {
     for (const auto& r : a.router_pool)
       pool.push_back({{"address", r.key}, {"name", r.name}, {"colocated", r.colocated}});
     auto& reps = app["replicas"] = nlohmann::json::array();
-    for (const auto& r : a.replicas) {
-      auto it = state.find(r.key);
-      bool up = it == state.end() || it->second.first;
-      std::uint32_t in_flight = it == state.end() ? 0 : it->second.second;
-      reps.push_back({{"address", r.key}, {"name", r.name}, {"colocated", r.colocated},
-                      {"health", up ? "up" : "down"}, {"in_flight", in_flight}});
-    }
+    for (const auto& r : a.replicas) reps.push_back(upstream(r));
+    if (a.fallback) app["fallback"] = upstream(*a.fallback);
     apps.push_back(std::move(app));
   }
-  if (snap->fallback) j["fallback"] = {{"address", snap->fallback->key}, {"name", snap->fallback->name}};
+  if (snap->fallback) j["fallback"] = upstream(*snap->fallback);
   return j.dump();
 }
 

@@ -4,7 +4,6 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -22,15 +21,12 @@ class admin_server {
     std::function<std::shared_ptr<const topology::snapshot>()> topology;
     std::function<std::vector<const worker*>()> workers;
     shared_state* shared = nullptr;
-    /// Per replica key: whether health checks have it up, and its in-flight requests summed
-    /// over the workers (asked of each worker on its own thread).
-    std::function<std::unordered_map<std::string, std::pair<bool, std::uint32_t>>()> replica_state;
-    /// Keys ("ip:port") of replicas health checks have marked down (ingressd_replica_up);
-    /// unset: every replica counts as up.
-    std::function<std::unordered_set<std::string>()> down;
+    /// Upstreams marked down, by key ("ip:port"), with why (shown in /topology). Health and
+    /// in-flight counts themselves are read from the snapshot's upstream states.
+    std::function<std::unordered_map<std::string, std::string>()> down_causes;
   };
-  /// Binds at once (throws std::system_error on failure).
-  admin_server(asio::io_context& ioc, const tcp::endpoint& ep, handlers h);
+  /// Binds at once; `ec` says why it could not.
+  admin_server(asio::io_context& ioc, const tcp::endpoint& ep, error_code& ec, handlers h);
   void start();
   void stop();
   std::uint16_t port() const { return port_; }

@@ -23,18 +23,25 @@ namespace ingressd::server {
 
 namespace {
 
+/// A listener that cannot be opened is a startup failure whose message names the address and
+/// its setting, not the Boost call that failed (exit 1, contract §1).
+[[noreturn]] void cannot_listen(std::string_view key, const config::host_port& hp, const error_code& ec) {
+  throw std::runtime_error("cannot listen on " + hp.to_string() + " (" + std::string(key) + "): " + ec.message());
+}
+
 /// An IP literal as is; a host name resolved once at startup (the first IPv4 address, else the
-/// first address). Throws boost::system::system_error when it does not resolve.
-tcp::endpoint to_endpoint(const config::host_port& hp) {
+/// first address).
+tcp::endpoint to_endpoint(std::string_view key, const config::host_port& hp) {
   error_code ec;
   auto ip = asio::ip::make_address(hp.host, ec);
   if (!ec) return {ip, hp.port};
   asio::io_context ioc;
   tcp::resolver resolver(ioc);
-  auto results = resolver.resolve(hp.host, std::to_string(hp.port), tcp::resolver::numeric_service);
+  auto results = resolver.resolve(hp.host, std::to_string(hp.port), tcp::resolver::numeric_service, ec);
+  if (!ec && results.empty()) ec = asio::error::host_not_found;
+  if (ec) cannot_listen(key, hp, ec);
   for (const auto& r : results)
     if (r.endpoint().address().is_v4()) return r.endpoint();
-  if (results.empty()) throw boost::system::system_error(asio::error::host_not_found, hp.host);
   return results.begin()->endpoint();
 }
 
@@ -62,7 +69,10 @@ struct daemon::impl {
   std::unique_ptr<admin_server> admin;
   mutable std::mutex snap_mu;
   std::shared_ptr<const topology::snapshot> snap;
-  down_set down;  // under snap_mu
+  /// Upstreams marked down, by key, with why (for /topology); under snap_mu. The truth for
+  /// routing is each upstream_state's `up`, which this sets.
+  std::unordered_map<std::string, std::string> down;
+  std::function<void(const std::string&)> on_passive_down;  // set before start()
   std::uint16_t port = 0;
   std::mutex stop_mu;
   bool stopped = false;
@@ -129,7 +139,12 @@ struct daemon::impl {
   }
 };
 
-daemon::daemon(std::shared_ptr<const config::config> cfg) : impl_(std::make_unique<impl>(std::move(cfg))) {}
+daemon::daemon(std::shared_ptr<const config::config> cfg) : impl_(std::make_unique<impl>(std::move(cfg))) {
+  impl_->shared.passive_down = [this](const std::string& key, std::string cause) {
+    mark(key, false, std::move(cause), true);
+    if (impl_->on_passive_down) impl_->on_passive_down(key);
+  };
+}
 
 daemon::~daemon() {
   stop();
@@ -139,7 +154,7 @@ daemon::~daemon() {
 void daemon::start() {
   auto& d = *impl_;
   const unsigned n = d.cfg->effective_threads();
-  auto ep = to_endpoint(d.cfg->listen);
+  auto ep = to_endpoint("listen", d.cfg->listen);
   if (d.cfg->access_log != "off" && !d.access_log) {
     d.access_log = std::make_unique<metrics::access_log>(d.cfg->access_log);
     d.shared.access_log = d.access_log.get();
@@ -147,11 +162,13 @@ void daemon::start() {
   for (unsigned i = 0; i < n; ++i) {
     d.workers.push_back(std::make_unique<worker>(i, d.cfg, d.shared));
     // The first worker may bind port 0; the others share the port it got.
-    d.workers.back()->bind(ep);
+    if (auto ec = d.workers.back()->bind(ep, i == 0)) cannot_listen("listen", d.cfg->listen, ec);
     if (i == 0) ep.port(d.workers[0]->port());
   }
   d.port = ep.port();
-  d.admin = std::make_unique<admin_server>(d.control, to_endpoint(d.cfg->admin_listen), admin_server::handlers{
+  const auto admin_ep = to_endpoint("admin_listen", d.cfg->admin_listen);
+  error_code admin_ec;
+  d.admin = std::make_unique<admin_server>(d.control, admin_ep, admin_ec, admin_server::handlers{
       [this] { return current_topology(); },
       [this] {
         std::vector<const worker*> ws;
@@ -159,21 +176,19 @@ void daemon::start() {
         return ws;
       },
       &d.shared,
-      [this] { return replica_state(); },
       [this] {
         std::lock_guard lk(impl_->snap_mu);
         return impl_->down;
       }});
+  if (admin_ec) cannot_listen("admin_listen", d.cfg->admin_listen, admin_ec);
   d.control_guard.emplace(d.control.get_executor());
   d.drain_timer.emplace(d.control);
   d.admin->start();
   {
     // A topology published before start() is in force before the first connection is accepted.
     std::lock_guard lk(d.snap_mu);
-    if (d.snap) {
-      auto down = std::make_shared<const down_set>(d.down);
-      for (auto& w : d.workers) w->apply(d.snap, down);
-    }
+    if (d.snap)
+      for (auto& w : d.workers) w->apply(d.snap);
   }
   for (unsigned i = 0; i < n; ++i)
     d.threads.emplace_back([w = d.workers[i].get(), i] {
@@ -187,43 +202,39 @@ void daemon::start() {
 }
 
 void daemon::set_topology(std::shared_ptr<const topology::snapshot> snap) {
-  std::shared_ptr<const down_set> down;
   {
     std::lock_guard lk(impl_->snap_mu);
+    // A key that left the topology forgets why it was down: the checker starts it again as up
+    // when it comes back.
+    std::erase_if(impl_->down, [&](const auto& kv) { return !snap->states.contains(kv.first); });
+    for (const auto& [key, state] : snap->states) state->up.store(!impl_->down.contains(key), std::memory_order_relaxed);
     impl_->snap = snap;
-    down = std::make_shared<const down_set>(impl_->down);
   }
   impl_->shared.topology_updates.fetch_add(1, std::memory_order_relaxed);
-  for (auto& w : impl_->workers) asio::post(w->ioc(), [w = w.get(), snap, down] { w->apply(snap, down); });
+  for (auto& w : impl_->workers) asio::post(w->ioc(), [w = w.get(), snap] { w->apply(snap); });
 }
 
-void daemon::set_replica_health(const std::string& key, bool up) {
-  {
-    std::lock_guard lk(impl_->snap_mu);
-    if (up) impl_->down.erase(key);
-    else impl_->down.insert(key);
-  }
-  for (auto& w : impl_->workers) asio::post(w->ioc(), [w = w.get(), key, up] { w->set_health(key, up); });
-}
-
-std::unordered_map<std::string, std::pair<bool, std::uint32_t>> daemon::replica_state() const {
-  std::unordered_map<std::string, std::pair<bool, std::uint32_t>> out;
-  std::vector<std::future<std::unordered_map<std::string, std::uint32_t>>> parts;
-  for (auto& w : impl_->workers) {
-    auto p = std::make_shared<std::promise<std::unordered_map<std::string, std::uint32_t>>>();
-    parts.push_back(p->get_future());
-    asio::post(w->ioc(), [p, w = w.get()] { p->set_value(w->in_flight_report()); });
-  }
-  for (auto& f : parts) {
-    // A worker that has already stopped does not answer; the dump then omits its share.
-    if (f.wait_for(std::chrono::seconds(1)) != std::future_status::ready) continue;
-    for (auto& [k, n] : f.get()) out[k].second += n;
-  }
+void daemon::mark(const std::string& key, bool up, std::string cause, bool passive) {
   std::lock_guard lk(impl_->snap_mu);
-  for (auto& [k, v] : out) v.first = !impl_->down.contains(k);
-  for (const auto& k : impl_->down) out[k].first = false;
-  return out;
+  topology::upstream_state* state = nullptr;
+  if (impl_->snap)
+    if (auto it = impl_->snap->states.find(key); it != impl_->snap->states.end()) state = it->second.get();
+  if (up) {
+    impl_->down.erase(key);
+    if (state) state->errors.store(0, std::memory_order_relaxed);  // a new run of errors starts from 0
+  } else {
+    const bool was_down = impl_->down.contains(key);
+    impl_->down[key] = std::move(cause);
+    if (state && !was_down) (passive ? state->downs_by_errors : state->downs_by_check).fetch_add(1, std::memory_order_relaxed);
+  }
+  if (state) state->up.store(up, std::memory_order_relaxed);
 }
+
+void daemon::set_replica_health(const std::string& key, bool up, std::string cause) {
+  mark(key, up, cause.empty() ? std::string("health check") : std::move(cause), false);
+}
+
+void daemon::on_passive_down(std::function<void(const std::string& key)> f) { impl_->on_passive_down = std::move(f); }
 
 bool daemon::reopen_access_log() {
   if (!impl_->access_log) return true;

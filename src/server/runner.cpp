@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -52,10 +54,21 @@ node_ip_choice resolve_node_ip(const config::config& cfg) {
   return {"127.0.0.1", "default for a file source"};
 }
 
-std::optional<std::string> read_file(const std::string& path) {
+/// The file's text, or nullopt with `why` set to the system's reason ("No such file or
+/// directory", "Permission denied", "Is a directory").
+std::optional<std::string> read_file(const std::string& path, std::string& why) {
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
+  if (!in) {
+    why = std::strerror(errno != 0 ? errno : ENOENT);
+    return std::nullopt;
+  }
   std::ostringstream ss;
+  errno = 0;
+  if (in.peek() == std::ifstream::traits_type::eof() && errno != 0) {  // e.g. EISDIR
+    why = std::strerror(errno);
+    return std::nullopt;
+  }
   ss << in.rdbuf();
   return ss.str();
 }
@@ -96,12 +109,16 @@ int run(int argc, const char* const* argv) {
   topology::document doc;
   std::string source;
   std::unique_ptr<demo::cluster> demo_cluster;
+  std::optional<node_ip_choice> demo_node;
   if (cl.demo) {
     // The demo cluster lives in this process, on loopback: this node is 127.0.0.1 and the
     // remote router stands on 127.0.0.3 ("another node").
     {
       auto c = *cfg;
-      if (c.node_ip.empty()) c.node_ip = "127.0.0.1";
+      if (c.node_ip.empty()) {
+        c.node_ip = "127.0.0.1";
+        demo_node = node_ip_choice{c.node_ip, "the demo cluster's node"};
+      }
       // No load balancer stands in front of the demo: Ctrl-C need not wait for one to notice.
       if (c.drain == config::drain_settings{}) c.drain.min_period = ingressd::duration{0};
       cfg = std::make_shared<const config::config>(std::move(c));
@@ -118,9 +135,11 @@ int run(int argc, const char* const* argv) {
     source = "demo cluster";
   } else if (!cfg->topology.file.empty()) {
     source = "file " + cfg->topology.file;
-    auto text = read_file(cfg->topology.file);
+    std::string why;
+    auto text = read_file(cfg->topology.file, why);
     if (!text) {
-      std::fprintf(stderr, "ingressd: --topology-file: cannot read '%s'\n", cfg->topology.file.c_str());
+      std::fprintf(stderr, "ingressd: --topology-file: cannot read '%s': %s\n", cfg->topology.file.c_str(),
+                   why.c_str());
       return 2;
     }
     auto res = topology::parse_document(*text);
@@ -134,7 +153,7 @@ int run(int argc, const char* const* argv) {
   } else if (!cfg->topology.url.empty()) {
     source = "url " + cfg->topology.url;
   }
-  auto node = resolve_node_ip(*cfg);
+  auto node = demo_node ? *demo_node : resolve_node_ip(*cfg);
 
   if (cl.check_config) {
     std::printf("configuration OK: listen %s, admin %s, threads %u, node ip %s (%s), topology %s\n",
@@ -149,24 +168,34 @@ int run(int argc, const char* const* argv) {
 
   // Replica health checks, once per daemon (contract health.*): routers are not checked (Ray's
   // HAProxy does not either); the failover memory covers them.
-  health::checker checker(main_ioc, cfg->health, [&d](const std::string& key, bool up) {
-    d.set_replica_health(key, up);
+  health::checker checker(main_ioc, cfg->health, [&d](const std::string& key, bool up, const std::string& cause) {
+    d.set_replica_health(key, up, cause);
   });
+  // Passive health (health.error_limit): the workers have stopped routing to the upstream; the
+  // checker counts it down and checks it now, and its checks bring it back.
+  d.on_passive_down([&checker](const std::string& key) { checker.mark_down(key); });
 
   std::uint64_t generation = 0;
   auto publish = [&](topology::document next) {
     for (const auto& w : next.warnings) spdlog::warn("topology: {}", w);
+    const bool serve_running = next.serve_running;
     auto snap = topology::make_snapshot(std::move(next), node.ip, cfg->topology.local_dial_host, ++generation,
-                                        source);
-    spdlog::info("topology: {} apps, {} routers, {} replicas (generation {})", snap->apps.size(),
-                 snap->router_count(), snap->replica_count(), snap->generation);
+                                        source, d.current_topology().get());
+    if (!serve_running)
+      spdlog::info("topology: Serve is not running (no applications) (generation {})", snap->generation);
+    else
+      spdlog::info("topology: {} apps, {} routers, {} replicas (generation {})", snap->apps.size(),
+                   snap->router_count(), snap->replica_count(), snap->generation);
+    // Replicas and fallback targets are checked (Ray's HAProxy checks its backup server too).
     std::vector<health::target_ref> targets;
-    std::unordered_set<std::string> seen;
-    for (const auto& a : snap->apps)
-      for (const auto& r : a.replicas)
-        if (seen.insert(r.key).second) targets.push_back({r.key, r.dial});
-    if (snap->fallback && seen.insert(snap->fallback->key).second)
-      targets.push_back({snap->fallback->key, snap->fallback->dial});
+    auto check = [&targets, seen = std::unordered_set<std::string>()](const topology::endpoint& e) mutable {
+      if (seen.insert(e.key).second) targets.push_back({e.key, e.dial});
+    };
+    for (const auto& a : snap->apps) {
+      for (const auto& r : a.replicas) check(r);
+      if (a.fallback) check(*a.fallback);
+    }
+    if (snap->fallback) check(*snap->fallback);
     checker.set_targets(std::move(targets));
     d.set_topology(std::move(snap));
   };
@@ -191,7 +220,9 @@ int run(int argc, const char* const* argv) {
       d.count_config_error();
       return;
     }
-    if (next->topology != cfg->topology || next->health != cfg->health || next->access_log != cfg->access_log ||
+    auto checks = next->health;
+    checks.error_limit = cfg->health.error_limit;  // passive health is read per request: it applies
+    if (next->topology != cfg->topology || checks != cfg->health || next->access_log != cfg->access_log ||
         next->node_ip != cfg->node_ip)
       spdlog::warn("SIGHUP: topology, health, node_ip and access_log settings take effect on restart");
     spdlog::info("SIGHUP: configuration reloaded from {}", next->config_file);

@@ -17,6 +17,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -119,20 +120,33 @@ bool parse_now(Socket& s, Buffer& buf, std::size_t cap, Parser& p, bool whole, e
   return ec || (whole ? p.is_done() : p.is_header_done());
 }
 
-/// Decrements a replica's in-flight count when a proxied request ends, however it ends.
+/// Counts a request in its upstream's node-wide in-flight count while it is proxied, however it
+/// ends. The state outlives the request: the request holds its snapshot.
 struct load_guard {
-  replica_load* l = nullptr;
-  void set(replica_load* x) {
+  topology::upstream_state* l = nullptr;
+  void set(topology::upstream_state* x) {
     release();
     l = x;
-    ++l->in_flight;
+    if (l) l->in_flight.fetch_add(1, std::memory_order_relaxed);
   }
   void release() {
-    if (l) --l->in_flight;
+    if (l) l->in_flight.fetch_sub(1, std::memory_order_relaxed);
     l = nullptr;
   }
   ~load_guard() { release(); }
 };
+
+/// The app's fallback target when it is up (a fallback that health checks marked down is as
+/// good as none: HAProxy skips a down backup server too), else null.
+const topology::endpoint* usable_fallback(const topology::app_view& v) {
+  return v.fallback && v.fallback->state->up.load(std::memory_order_relaxed) ? &*v.fallback : nullptr;
+}
+
+bool has_healthy_replica(const topology::app_view& v) {
+  for (const auto& r : v.replicas)
+    if (r.state->up.load(std::memory_order_relaxed)) return true;
+  return false;
+}
 
 /// Counts a stream as active while a response body is being relayed.
 struct stream_guard {
@@ -304,19 +318,58 @@ bool session::method_routed(std::string_view method) const {
   return false;
 }
 
+/// The 413 body: which limit the request passed and the key that sets it, so that a client (or
+/// its operator) knows what to change.
+std::string too_large_body(std::uint64_t limit) {
+  return "Content Too Large: the request body is larger than client.max_body_bytes (" + std::to_string(limit) +
+         " bytes)";
+}
+
 awaitable<session::outcome> session::body_error(error_code ec) {
   if (aborted_) co_return outcome::close;
   if (timed_out(phase::body))
     co_return co_await respond(http::make_response(408, "text/plain", "Request Timeout", true), true);
   if (ec == bhttp::error::body_limit)
-    co_return co_await respond(http::make_response(413, "text/plain", "Content Too Large", true), true);
+    co_return co_await respond(
+        http::make_response(413, "text/plain", too_large_body(cfg().client.max_body_bytes), true), true);
   if (ec == asio::error::eof || ec == bhttp::error::partial_message || ec == asio::error::connection_reset)
     co_return outcome::close;  // the client went away mid-upload
+  if (ec == bhttp::error::bad_chunk_extension)
+    co_return co_await respond(
+        http::make_response(400, "text/plain", "Bad Request: malformed chunk extension", true), true);
   co_return co_await respond(http::make_response(400, "text/plain", "Bad Request", true), true);
 }
 
-awaitable<error_code> session::read_prebody(std::size_t cap) {
+awaitable<error_code> session::read_body_some() {
+  const std::size_t cap = http::body_read_cap(cfg().client.max_header_bytes);  // A10, A11
+  for (;;) {
+    if (buf_.size() > 0) {
+      error_code ec;
+      const std::size_t used = http::put_buffered(*parser_, buf_, ec);
+      if (ec != bhttp::error::need_more && (ec || used > 0 || parser_->is_done())) co_return ec;
+      if (used > 0) co_return error_code{};
+      // No progress on what is buffered: a chunk line Beast cannot decide is a bad request, not
+      // one to wait for (it waited until body_timeout, then answered 408).
+      if (parser_->chunked() && http::malformed_chunk_line(http::pending(buf_)))
+        co_return error_code(bhttp::error::bad_chunk_extension);
+      if (buf_.size() >= cap) co_return error_code(bhttp::error::buffer_overflow);
+    }
+    // As Beast sizes its reads: what the buffer has room for, 512 bytes to 64 KiB.
+    const std::size_t room =
+        std::min(cap - buf_.size(), std::clamp<std::size_t>(buf_.capacity() - buf_.size(), 512, 64 * 1024));
+    auto [ec, n] = co_await sock_.async_read_some(buf_.prepare(room), nothrow);
+    if (ec == asio::error::eof) {
+      parser_->put_eof(ec);  // an unfinished body: partial_message
+      co_return ec;
+    }
+    if (ec) co_return ec;
+    buf_.commit(n);
+  }
+}
+
+awaitable<error_code> session::read_prebody(std::size_t cap, std::optional<clock::duration> wait) {
   const auto& cfg = this->cfg();
+  const auto wait_until = wait ? std::optional(clock::now() + *wait) : std::nullopt;
   while (!parser_->is_done() && rq_->prebody.size() < cap) {
     const std::size_t old = rq_->prebody.size();
     // resize() zero-fills, so grow only by what can arrive in this step: the rest of a known
@@ -330,19 +383,37 @@ awaitable<error_code> session::read_prebody(std::size_t cap) {
     auto& body = parser_->get().body();
     body.data = rq_->prebody.data() + old;
     body.size = room;
-    arm(cfg.client.body_timeout, phase::body);
-    // The body of an LLM request nearly always came with the head: parse it in place; read only
-    // when that makes no progress.
-    error_code ec;
-    if (http::put_buffered(*parser_, buf_, ec) == 0 && (!ec || ec == bhttp::error::need_more)) {
-      http::bounded_buffer in(buf_, http::body_read_cap(cfg.client.max_header_bytes));  // A10, A11
-      std::tie(ec, std::ignore) = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
+    // The body of an LLM request nearly always came with the head: read_body_some parses it in
+    // place and reads only when that makes no progress.
+    if (wait_until && *wait_until - clock::now() < cfg.client.body_timeout) {
+      if (clock::now() >= *wait_until) {
+        rq_->prebody.resize(old);
+        break;  // router.body_wait is over: route on what has arrived
+      }
+      arm(*wait_until - clock::now(), phase::body_wait);
+    } else {
+      arm(cfg.client.body_timeout, phase::body);
     }
-    if (ec == bhttp::error::need_buffer || ec == bhttp::error::need_more) ec = {};
+    error_code ec = co_await read_body_some();
+    if (ec == bhttp::error::need_buffer) ec = {};
     rq_->prebody.resize(old + room - body.size);
+    if (timed_out(phase::body_wait) && !aborted_) break;
     if (ec) co_return ec;
   }
   co_return error_code{};
+}
+
+void session::note_upstream_error(const topology::endpoint& ep, std::string_view what) {
+  const unsigned limit = cfg().health.error_limit;
+  if (limit == 0) return;
+  const auto errors = ep.state->errors.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Several workers may see the limit reached at once; marking down is idempotent.
+  if (errors >= limit && ep.state->up.load(std::memory_order_relaxed) && w_.shared().passive_down)
+    w_.shared().passive_down(ep.key, fmt::format("{} consecutive connection errors (last: {})", errors, what));
+}
+
+void session::note_upstream_ok(const topology::endpoint& ep) {
+  if (ep.state->errors.load(std::memory_order_relaxed) != 0) ep.state->errors.store(0, std::memory_order_relaxed);
 }
 
 awaitable<session::router_exchange> session::router_attempt(const topology::endpoint& ep,
@@ -500,8 +571,34 @@ awaitable<bool> session::write_all(std::string_view data) {
   co_return !(co_await send(sock_, out));
 }
 
+void session::choose_request_id() {
+  // The client's id is a view into the parsed head, alive for the whole request; a generated one
+  // lives in the request scratch: no allocation either way.
+  const auto& req = parser_->get();
+  if (auto it = req.find("x-request-id"); it != req.end() && !it->value().empty() && it->value().size() <= 200 &&
+                                          http::valid_field_value(it->value())) {
+    rq_->request_id = std::string_view(it->value().data(), it->value().size());
+  } else {
+    rq_->generated = w_.next_request_id();
+    rq_->request_id = std::string_view(rq_->generated.data(), rq_->generated.size());
+  }
+  if (logging()) rq_->rec.request_id.assign(rq_->request_id);
+}
+
+std::string_view session::request_id() {
+  if (rq_->request_id.empty()) {  // answered before a usable head was read (400, 408, 431, ...)
+    rq_->generated = w_.next_request_id();
+    rq_->request_id = std::string_view(rq_->generated.data(), rq_->generated.size());
+    if (logging()) rq_->rec.request_id.assign(rq_->request_id);
+  }
+  return rq_->request_id;
+}
+
 awaitable<session::outcome> session::respond(std::string response, bool close) {
   arm(cfg().client.header_timeout, phase::head);
+  // Every response carries the request's id, the ones ingressd generates included (contract §9):
+  // a client that reports a failure can name it.
+  http::insert_field(response, "X-Request-Id", request_id());
   bool ok = co_await write_all(response);
   note_response(response, ok);
   co_return (ok && !close) ? outcome::keep_alive : outcome::close;
@@ -651,12 +748,14 @@ awaitable<session::outcome> session::serve_one() {
         co_return outcome::close;
       unsigned status = http::status_for_head_error(ec, rq_->head, http::pending(buf_),
                                                     cfg.client.max_header_bytes);
-      co_return co_await respond(
-          http::make_response(status, "text/plain", bhttp::obsolete_reason(static_cast<bhttp::status>(status)), true), true);
+      const std::string body = status == 413 ? too_large_body(cfg.client.max_body_bytes)
+                                             : std::string(bhttp::obsolete_reason(static_cast<bhttp::status>(status)));
+      co_return co_await respond(http::make_response(status, "text/plain", body, true), true);
     }
     break;
   }
   w_.stats().requests.add();
+  choose_request_id();
   const auto& req = parser_->get();
   if (auto v = http::check_request_head(rq_->head, req); !v.ok()) {
     // What Beast lets through but ingressd refuses (smuggling shapes, hardening A, B, D): the
@@ -721,27 +820,18 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     expect_continue = has_body;
   }
 
-  // The client's id (a view into the parsed head, alive for the whole request), else a fresh one
-  // kept in this frame: no allocation either way.
-  std::array<char, 36> generated_id;
-  std::string_view request_id;
-  if (auto it = req.find("x-request-id"); it != req.end() && !it->value().empty() && it->value().size() <= 200 &&
-                                          http::valid_field_value(it->value())) {
-    request_id = std::string_view(it->value().data(), it->value().size());
-  } else {
-    generated_id = w_.next_request_id();
-    request_id = std::string_view(generated_id.data(), generated_id.size());
-  }
-  if (logging()) rq_->rec.request_id.assign(request_id);
+  const std::string_view request_id = rq_->request_id;
 
   std::shared_ptr<const topology::snapshot> snap = w_.snapshot_ptr();
 
-  // Router path (contract §4.2): ask a router which replica serves this request.
+  // Router path (contract §4.2): ask a router which replica serves this request. An app with no
+  // healthy replica (scaled to zero: Ray sends `targets: []`) goes to its fallback target, the
+  // head node's Serve proxy, which scales it up: no router could name a replica for it.
   std::optional<std::size_t> pinned;
-  bool to_fallback = false;
   std::vector<std::pair<std::string, std::string>> router_headers;
   const auto& view = snap->apps[app_index];
-  const bool use_router = !view.router_pool.empty() && method_routed(req.method_string());
+  bool to_fallback = usable_fallback(view) && !has_healthy_replica(view);
+  const bool use_router = !to_fallback && !view.router_pool.empty() && method_routed(req.method_string());
   if (use_router) {
     if (expect_continue) {
       expect_continue = false;
@@ -786,7 +876,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     }
     note_router_outcome(failure);
     if (failure) {
-      if (*failure == reason::unknown_replica_id && snap->fallback) {
+      if (*failure == reason::unknown_replica_id && usable_fallback(view)) {
         // The router knows a replica we do not yet: the head node's Serve proxy re-picks (Ray #64218).
         to_fallback = true;
       } else if (cfg.router.failure_mode == config::on_failure::fail_open || view.router_fallback) {
@@ -810,6 +900,7 @@ resend:
   load_guard load;
   unsigned connect_failures = 0;
   const topology::endpoint* ep = nullptr;
+  bool observed = false;  // ep is a replica: passive health watches its connections (not a fallback's)
   for (;;) {
     if (w_.snapshot_ptr() != snap) {
       // The topology changed while we were waiting: route again in the new one.
@@ -832,16 +923,17 @@ resend:
       return false;
     };
     std::optional<std::size_t> pick;
-    if (to_fallback && snap->fallback && tried.empty()) {
-      ep = &*snap->fallback;
+    const auto* fallback = usable_fallback(v);
+    if (to_fallback && fallback && tried.empty()) {
+      ep = fallback;
     } else {
       // A pinned replica that health checks marked down, or that refused us, falls through.
-      if (pinned && !was_tried(*pinned) && w_.app(app_index).replicas[*pinned]->healthy) pick = pinned;
+      if (pinned && !was_tried(*pinned) && v.replicas[*pinned].state->up.load(std::memory_order_relaxed)) pick = pinned;
       else pick = w_.least_loaded(app_index, was_tried);
       if (pick) {
         ep = &v.replicas[*pick];
-      } else if (tried.empty() && snap->fallback) {
-        ep = &*snap->fallback;
+      } else if (tried.empty() && fallback) {
+        ep = fallback;
       } else {
         co_return co_await respond_reason(tried.empty() ? reason::no_healthy_replica : reason::upstream_error,
                                           close || !parser_->is_done());
@@ -859,6 +951,7 @@ resend:
       up_ = nullptr;
       if (aborted_) co_return outcome::close;
       if (ec) {
+        if (pick) note_upstream_error(*ep, timed_out(phase::connect) ? "connect timed out" : ec.message());
         conn.reset();
         tried.push_back(ep->key);
         if (++connect_failures > cfg.upstream.retries)
@@ -868,7 +961,8 @@ resend:
       error_code ignored;
       conn->sock.set_option(tcp::no_delay(true), ignored);
     }
-    if (pick) load.set(w_.app(app_index).replicas[*pick]);
+    load.set(ep->state);
+    observed = pick.has_value();
     break;
   }
   note_replica(*ep, connect_failures);
@@ -894,9 +988,7 @@ resend:
           have_host = true;
           break;
         default:
-          if (iequals(name, "x-request-id") || iequals(name, "x-forwarded-for") ||
-              iequals(name, "x-forwarded-proto") || iequals(name, "forwarded") || iequals(name, "x-real-ip"))
-            continue;
+          if (http::proxy_owned_field(name)) continue;  // incl. x-serve-router-*: only a router sets those
       }
       bool replaced = false;
       for (const auto& [hn, hv] : router_headers) replaced = replaced || iequals(hn, name);
@@ -945,8 +1037,7 @@ resend:
         body.data = relay;
         body.size = relay_size;
         arm(cfg.client.body_timeout, phase::body);
-        http::bounded_buffer in(buf_, http::body_read_cap(cfg.client.max_header_bytes));  // A10, A11
-        auto [ec, n] = co_await bhttp::async_read_some(sock_, in, *parser_, nothrow);
+        auto ec = co_await read_body_some();
         if (ec == bhttp::error::need_buffer) ec = {};
         got = relay_size - body.size;
         if (ec) {
@@ -973,6 +1064,7 @@ resend:
           resent = true;
           goto resend;
         }
+        if (observed) note_upstream_error(*ep, ec.message());
         co_return co_await upstream_failed(reason::upstream_error);
       }
       head_sent = true;
@@ -1012,9 +1104,12 @@ resend:
         resent = true;
         goto resend;
       }
+      // No head within first_byte_timeout is a slow replica, not a broken connection.
+      if (observed && !timed_out(phase::first_byte)) note_upstream_error(*ep, ec.message());
       co_return co_await upstream_failed(timed_out(phase::first_byte) ? reason::upstream_timeout
                                                                        : reason::upstream_error);
     }
+    if (observed) note_upstream_ok(*ep);
     const unsigned status = rp->status();
     if (status >= 200) {
       // Framing Beast accepts but that cannot be re-framed faithfully (repeated Content-Length,
@@ -1046,7 +1141,9 @@ resend:
   if (!no_body && !length && client_version != 11) close = true;  // close-delimited for HTTP/1.0
   close = close || close_after_;
 
-  // rq_->head holds the status line and the end-to-end fields (relay_response_parser); our framing follows.
+  // rq_->head holds the status line and the end-to-end fields (relay_response_parser, which
+  // leaves out the replica's X-Request-Id); the request's id and our framing follow.
+  http::append_field(rq_->head, "X-Request-Id", request_id);
   if (length && (!no_body || head_only))
     http::append_field(rq_->head, "Content-Length", std::to_string(*length));
   else if (chunked_out)

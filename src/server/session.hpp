@@ -1,6 +1,7 @@
 #pragma once
 // One client connection: reads requests (keep-alive, in-order pipelining), routes each one and
 // relays it to a replica, streaming the response back. Lives on its worker's thread only.
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -48,7 +49,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 
  private:
   /// What the session waits for; a deadline that passes cancels the I/O of that phase.
-  enum class phase : std::uint8_t { none, head, body, connect, first_byte, stream };
+  /// body_wait: router.body_wait, the longest wait for the body prefix the router is to see.
+  enum class phase : std::uint8_t { none, head, body, body_wait, connect, first_byte, stream };
   using clock = std::chrono::steady_clock;
   // Beast's parsers, minus the field-length throw and trailer merging (http/parse_guards.hpp).
   using request_parser = http::guarded_parser<true, bhttp::buffer_body>;
@@ -71,14 +73,27 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   bool head_now(http::bounded_buffer& in, error_code& ec);
   awaitable<outcome> proxy(std::size_t app_index, std::string target);
   awaitable<bool> write_all(std::string_view data);
+  /// Picks the request's id once its head is parsed (rq_->request_id).
+  void choose_request_id();
+  /// The request's id; one is generated for a response sent before a usable head was read.
+  std::string_view request_id();
   awaitable<outcome> respond(std::string response, bool close);
   awaitable<outcome> respond_reason(reason r, bool close, std::string_view path = {});
   outcome builtin(std::string_view path, std::string& response);
   awaitable<outcome> body_error(error_code ec);
   bool method_routed(std::string_view method) const;
 
-  /// Reads request body bytes into prebody_ until the body ends or prebody_ holds `cap` bytes.
-  awaitable<error_code> read_prebody(std::size_t cap);
+  /// Reads request body bytes into rq_->prebody until the body ends or it holds `cap` bytes; with
+  /// `wait` (router.body_wait), stops waiting for more once that much time has passed (not an error).
+  awaitable<error_code> read_prebody(std::size_t cap, std::optional<clock::duration> wait = std::nullopt);
+  /// Reads request body bytes into the parser's body window until it makes progress: Beast's
+  /// async_read_some for a request body, plus a check Beast lacks (http::malformed_chunk_line).
+  awaitable<error_code> read_body_some();
+  /// A connection to replica `ep` failed (refused, timed out, reset before a response head):
+  /// health.error_limit of them in a row mark it down (passive health, contract §9).
+  void note_upstream_error(const topology::endpoint& ep, std::string_view what);
+  /// A response head came from `ep`: its run of connection errors is over.
+  static void note_upstream_ok(const topology::endpoint& ep);
 
   /// One routing decision: tries the app's router pool from this worker's cursor, failing over
   /// only when a router gave no reply (contract §4.2). Returns the reply or a failure reason.
@@ -191,6 +206,10 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 struct request_scratch {
   explicit request_scratch(asio::io_context& ioc) : watch_done(ioc.get_executor()), router_timer(ioc.get_executor()) {}
   std::string head;                        ///< scratch for serialising heads
+  /// The request's id (contract §4.4, §9): the client's X-Request-Id when usable (a view into the
+  /// parsed head), else `generated`. Empty until chosen; every response carries it.
+  std::string_view request_id;
+  std::array<char, 36> generated{};
   std::string router_request;              ///< the router call being made (its capacity is kept)
   std::string prebody;                     ///< body bytes read before the upstream was chosen
   std::unique_ptr<unsigned char[]> relay;  ///< relay_size bytes, made on first use: a streamed upload, or a response piece a slow client has not taken

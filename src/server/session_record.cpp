@@ -12,6 +12,7 @@ using metrics::termination;
 
 void session::begin_request() {
   if (!rq_) rq_ = w_.take_scratch();
+  rq_->request_id = {};
   auto& r = rq_->rec;
   r.active = true;
   r.probe = false;
@@ -106,15 +107,12 @@ void session::finish_request() {
   metrics::access_entry e;
   e.time = std::chrono::system_clock::now() - std::chrono::duration_cast<std::chrono::system_clock::duration>(elapsed);
   e.client = peer_;
-  if (head) {
+  // The request line, also when the head was refused after it (a Content-Length over
+  // client.max_body_bytes is refused while the head is parsed: 413).
+  if (parser_ && !parser_->get().target().empty()) {
     const auto& req = parser_->get();
     e.method = req.method_string();
     e.path = routing::path_of(req.target());
-    // Answered before an id was chosen (404, 400, ...): the client's id, when usable.
-    if (r.request_id.empty())
-      if (auto it = req.find("x-request-id"); it != req.end() && it->value().size() <= 200 &&
-                                             http::valid_field_value(it->value()))
-        e.request_id = it->value();
   }
   e.app = block.name;
   e.status = r.status;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 
@@ -43,14 +44,23 @@ worker::~worker() {
   pool_ = upstream::pool(0);
 }
 
-void worker::bind(const tcp::endpoint& ep) {
+error_code worker::bind(const tcp::endpoint& ep, bool first) {
   acceptor_.emplace(ioc_);
-  acceptor_->open(ep.protocol());
-  acceptor_->set_option(asio::socket_base::reuse_address(true));
-  acceptor_->set_option(reuse_port{});
-  acceptor_->bind(ep);
-  acceptor_->listen(asio::socket_base::max_listen_connections);
-  port_ = acceptor_->local_endpoint().port();
+  error_code ec;
+  acceptor_->open(ep.protocol(), ec);
+  if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+  // The first listener binds without SO_REUSEPORT: a socket may share a port only when every
+  // socket bound to it has SO_REUSEPORT, so this bind fails with EADDRINUSE whenever another
+  // process (a second ingressd included) holds the address, instead of quietly splitting its
+  // traffic with it (contract §9). Set before listen(), the option still lets the other
+  // workers' listeners join this one's group.
+  if (!ec && !first) acceptor_->set_option(reuse_port{}, ec);
+  if (!ec) acceptor_->bind(ep, ec);
+  if (!ec && first) acceptor_->set_option(reuse_port{}, ec);
+  if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) port_ = acceptor_->local_endpoint(ec).port();
+  if (ec) acceptor_.reset();
+  return ec;
 }
 
 void worker::run() {
@@ -136,7 +146,7 @@ awaitable<void> worker::sweep_loop() {
   registration<asio::steady_timer> reg(sweep_timer_, t);
   while (!stopping_) {
     t.expires_after(std::chrono::seconds(1));
-    auto [ec] = co_await t.async_wait(nothrow);
+    co_await t.async_wait(nothrow);
     if (stopping_) break;
     pool_.sweep(std::chrono::steady_clock::now(), pool_max_idle);
     trim_spare_scratch();
@@ -162,7 +172,7 @@ awaitable<void> worker::idle_loop() {
     const auto keepalive = std::chrono::duration_cast<std::chrono::steady_clock::duration>(cfg_->client.keepalive_timeout);
     t.expires_after(std::clamp<std::chrono::steady_clock::duration>(keepalive / 8, std::chrono::milliseconds(10),
                                                                     std::chrono::seconds(1)));
-    auto [ec] = co_await t.async_wait(nothrow);
+    co_await t.async_wait(nothrow);
     if (stopping_) break;
     const auto now = std::chrono::steady_clock::now();
     for (auto it = sessions_.begin(); it != sessions_.end();) {
@@ -206,24 +216,14 @@ void worker::apply_config(std::shared_ptr<const config::config> next) {
   cfg_ = std::move(next);
 }
 
-void worker::set_health(const std::string& key, bool up) {
-  if (auto it = loads_.find(key); it != loads_.end()) it->second.healthy = up;
-}
-
-std::unordered_map<std::string, std::uint32_t> worker::in_flight_report() const {
-  std::unordered_map<std::string, std::uint32_t> out;
-  for (const auto& [k, l] : loads_) out[k] = l.in_flight;
-  return out;
-}
-
-void worker::apply(std::shared_ptr<const topology::snapshot> snap, std::shared_ptr<const down_set> down) {
+void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
   std::unordered_map<std::string_view, std::size_t> old_index;
   if (snap_)
     for (std::size_t i = 0; i < snap_->apps.size(); ++i) old_index.emplace(snap_->apps[i].name, i);
 
   std::vector<app_state> next(snap->apps.size());
   const auto blocks = metrics_.apply(*snap);
-  std::unordered_set<std::string> keys;
+  std::unordered_set<std::string_view> keys;
   for (std::size_t i = 0; i < snap->apps.size(); ++i) {
     const auto& view = snap->apps[i];
     auto& st = next[i];
@@ -236,17 +236,9 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap, std::shared_p
       if (old.pool_signature == view.pool_signature) st.router_cursor = old.router_cursor;
       st.lb_rotor = old.lb_rotor;
     }
-    for (const auto& ep : view.replicas) {
-      auto& l = loads_[ep.key];
-      l.healthy = !down || !down->contains(ep.key);
-      st.replicas.push_back(&l);
-      keys.insert(ep.key);
-    }
     for (const auto& ep : view.router_pool) keys.insert(ep.key);
   }
-  if (snap->fallback) keys.insert(snap->fallback->key);
-  // Loads of removed replicas go once no request on them is left.
-  std::erase_if(loads_, [&](const auto& kv) { return kv.second.in_flight == 0 && !keys.contains(kv.first); });
+  for (const auto& [key, state] : snap->states) keys.insert(key);
   // Removed endpoints get no new requests; their idle pooled connections are closed now.
   pool_.retain([&](const std::string& key) { return keys.contains(key); });
   routers_.retain([&](const std::string& key) { return keys.contains(key); });
@@ -256,10 +248,14 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap, std::shared_p
 
 bool worker::healthy() const {
   if (!snap_) return false;
-  if (apps_.empty()) return true;
-  for (const auto& a : apps_)
-    for (const auto* l : a.replicas)
-      if (l->healthy) return true;
+  if (snap_->apps.empty()) return true;
+  // An app scaled to zero is served by its fallback target (Ray's backup server counts too).
+  auto up = [](const topology::endpoint& e) { return e.state->up.load(std::memory_order_relaxed); };
+  for (const auto& a : snap_->apps) {
+    for (const auto& r : a.replicas)
+      if (up(r)) return true;
+    if (a.fallback && up(*a.fallback)) return true;
+  }
   return false;
 }
 

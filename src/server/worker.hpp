@@ -8,12 +8,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <boost/intrusive/list.hpp>
@@ -42,6 +42,9 @@ struct shared_state {
   std::atomic<std::uint64_t> accept_errors{0};     ///< ingressd_accept_errors_total (main and admin listeners)
   /// The access log, or null when off. Set before the workers start; thread-safe.
   metrics::access_log* access_log = nullptr;
+  /// Passive health: marks an upstream down (key, why) on behalf of a worker. Set before the
+  /// workers start; thread-safe.
+  std::function<void(const std::string& key, std::string cause)> passive_down;
 };
 
 /// accept() failed for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM). The
@@ -67,9 +70,6 @@ class accept_backoff {
   std::chrono::milliseconds delay_ = min_delay;
 };
 
-/// Keys ("ip:port") of replicas that active health checks have marked down.
-using down_set = std::unordered_set<std::string>;
-
 /// A single-writer counter: only the owning worker increments it, any thread may read it.
 using counter = metrics::counter;
 
@@ -79,15 +79,9 @@ struct worker_stats {
   counter active_streams;
 };
 
-/// Load of one replica as seen by this worker (least-loaded choice, contract §4.3).
-struct replica_load {
-  std::uint32_t in_flight = 0;
-  bool healthy = true;
-};
-
-/// Per-app state of a worker, rebuilt on each topology change.
+/// Per-app state of a worker, rebuilt on each topology change. (Replica loads and health are
+/// node-wide: topology::upstream_state.)
 struct app_state {
-  std::vector<replica_load*> replicas;  ///< parallel to snapshot app_view::replicas
   routing::rr_cursor router_cursor;     ///< kept while the router pool is unchanged
   std::string pool_signature;
   std::size_t lb_rotor = 0;             ///< rotates ties between equally loaded replicas
@@ -107,18 +101,15 @@ class worker {
   worker(unsigned index, std::shared_ptr<const config::config> cfg, shared_state& shared);
   ~worker();
 
-  /// Opens this worker's listener on `ep` with SO_REUSEPORT. Throws std::system_error.
-  void bind(const tcp::endpoint& ep);
+  /// Opens this worker's listener on `ep`, in one SO_REUSEPORT group with the other workers'.
+  /// `first`: the first worker's bind, which fails when another process holds the address.
+  error_code bind(const tcp::endpoint& ep, bool first);
   std::uint16_t port() const { return port_; }
   /// Thread body: accepts and serves until stopped.
   void run();
 
   // --- Called on the worker's own thread (post to it from elsewhere) ---
-  void apply(std::shared_ptr<const topology::snapshot> snap, std::shared_ptr<const down_set> down);
-  /// Health checks marked replica `key` up or down.
-  void set_health(const std::string& key, bool up);
-  /// In-flight requests per replica key on this worker (for the admin /topology dump).
-  std::unordered_map<std::string, std::uint32_t> in_flight_report() const;
+  void apply(std::shared_ptr<const topology::snapshot> snap);
   void stop_accepting();
   void close_idle();   ///< drain: close idle keep-alive connections, ask busy ones to close after
   void abort_all();    ///< hard stop: close every connection
@@ -160,10 +151,11 @@ class worker {
   /// relay loop). One window per worker instead of a buffer per stream: ~4 KiB less resident
   /// per open SSE stream, and the same cache lines for every response.
   unsigned char* relay_window() { return relay_window_.get(); }
-  /// Least-loaded healthy replica of app `i` not rejected by `skip`, or nullopt.
+  /// Least-loaded healthy replica of app `i` (node-wide in-flight counts) not rejected by
+  /// `skip`, or nullopt.
   template <class Skip>
   std::optional<std::size_t> least_loaded(std::size_t i, Skip skip);
-  bool healthy() const;  ///< topology loaded and (no apps, or some app has a healthy replica)
+  bool healthy() const;  ///< topology loaded and (no apps, or some app has a healthy replica or fallback)
 
   void add_session(session& s);
   std::size_t session_count() const { return sessions_.size(); }
@@ -182,7 +174,6 @@ class worker {
   std::shared_ptr<const topology::snapshot> snap_;
   std::vector<app_state> apps_;
   std::unique_ptr<unsigned char[]> relay_window_ = std::make_unique<unsigned char[]>(relay_size);
-  std::unordered_map<std::string, replica_load> loads_;  // by endpoint key; stable addresses
   upstream::pool pool_;
   routing::router_memory routers_;
   worker_stats stats_;
@@ -207,19 +198,20 @@ class worker {
 
 template <class Skip>
 std::optional<std::size_t> worker::least_loaded(std::size_t i, Skip skip) {
-  auto& a = apps_[i];
-  const std::size_t n = a.replicas.size();
+  const auto& replicas = snap_->apps[i].replicas;
+  const std::size_t n = replicas.size();
   if (n == 0) return std::nullopt;
   std::optional<std::size_t> best;
   std::uint32_t best_load = 0;
-  const std::size_t start = a.lb_rotor++ % n;
+  const std::size_t start = apps_[i].lb_rotor++ % n;
   for (std::size_t k = 0; k < n; ++k) {
     std::size_t r = (start + k) % n;
-    const replica_load& l = *a.replicas[r];
-    if (!l.healthy || skip(r)) continue;
-    if (!best || l.in_flight < best_load) {
+    const auto& st = *replicas[r].state;
+    if (!st.up.load(std::memory_order_relaxed) || skip(r)) continue;
+    const auto load = st.in_flight.load(std::memory_order_relaxed);
+    if (!best || load < best_load) {
       best = r;
-      best_load = l.in_flight;
+      best_load = load;
     }
   }
   return best;

@@ -46,16 +46,40 @@ class resolver {
   std::optional<boost::asio::ip::address> local_;
 };
 
-app_view make_view(const app& a, const resolver& resolve, std::string_view node_ip) {
+/// Gives endpoints their live state: the previous snapshot's for a key it had, else a new one.
+class state_table {
+ public:
+  state_table(snapshot& s, const snapshot* previous) : s_(s), previous_(previous) {}
+
+  endpoint with_state(endpoint e) {
+    auto& slot = s_.states[e.key];
+    if (!slot) {
+      if (previous_)
+        if (auto it = previous_->states.find(e.key); it != previous_->states.end()) slot = it->second;
+      if (!slot) slot = std::make_shared<upstream_state>();
+    }
+    e.state = slot.get();
+    return e;
+  }
+
+ private:
+  snapshot& s_;
+  const snapshot* previous_;
+};
+
+app_view make_view(const app& a, const resolver& resolve, std::string_view node_ip, state_table& states,
+                   const std::optional<endpoint>& document_fallback) {
   app_view v;
   v.name = a.name;
   v.route_prefix = a.route_prefix;
   v.router_fallback = a.router_fallback;
   v.replicas.reserve(a.replicas.size());
   for (std::size_t i = 0; i < a.replicas.size(); ++i) {
-    v.replicas.push_back(resolve(a.replicas[i]));
+    v.replicas.push_back(states.with_state(resolve(a.replicas[i])));
     v.replica_by_name.emplace(a.replicas[i].name, i);
   }
+  if (a.fallback) v.fallback = states.with_state(resolve(*a.fallback));
+  else v.fallback = document_fallback;
   for (std::size_t index : routing::build_router_pool(a.routers, node_ip)) {
     v.router_pool.push_back(resolve(a.routers[index]));
     // Keys contain no ',' (ip literal, ':' and digits), so the join is unambiguous.
@@ -69,7 +93,8 @@ app_view make_view(const app& a, const resolver& resolve, std::string_view node_
 
 std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& node_ip,
                                               const std::string& local_dial_host,
-                                              std::uint64_t generation, std::string source) {
+                                              std::uint64_t generation, std::string source,
+                                              const snapshot* previous) {
   auto s = std::make_shared<snapshot>();
   s->doc = std::move(doc);
   s->node_ip = node_ip;
@@ -77,15 +102,16 @@ std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& n
   s->source = std::move(source);
 
   const resolver resolve(s->node_ip, local_dial_host);
+  state_table states(*s, previous);
+  if (s->doc.http_fallback) s->fallback = states.with_state(resolve(*s->doc.http_fallback));
   std::vector<std::string> prefixes;
   s->apps.reserve(s->doc.apps.size());
   prefixes.reserve(s->doc.apps.size());
   for (const app& a : s->doc.apps) {
-    s->apps.push_back(make_view(a, resolve, s->node_ip));
+    s->apps.push_back(make_view(a, resolve, s->node_ip, states, s->fallback));
     prefixes.push_back(a.route_prefix);
   }
   s->routes = routing::route_table(prefixes);
-  if (s->doc.http_fallback) s->fallback = resolve(*s->doc.http_fallback);
   s->updated = std::chrono::system_clock::now();
   return s;
 }

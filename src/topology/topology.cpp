@@ -317,6 +317,8 @@ std::optional<app> parse_group(const json& v, const std::string& where, document
       fail(where + ".ingress_router_fallback", "expected a boolean, got " + type_name(*fallback));
     a.router_fallback = fallback->get<bool>();
   }
+  if (const json* fallback = field(v, "fallback_target"))
+    a.fallback = parse_target(*fallback, where + ".fallback_target", target_kind::fallback);
 
   std::unordered_map<std::string_view, std::size_t> seen;
   for (std::size_t i = 0; i < a.replicas.size(); ++i) {
@@ -334,7 +336,18 @@ document parse_tree(const json& root) {
   document doc;
 
   const json* groups = field(root, "target_groups");
-  if (groups == nullptr) fail("target_groups", "missing required field");
+  if (groups == nullptr) {
+    // What the dashboard answers while Serve is not running: ServeInstanceDetails'
+    // get_empty_schema_dict(), {"controller_info": {}, "proxies": {}, "applications": {}, ...}
+    // (ray python/ray/serve/schema.py; dashboard modules/serve/serve_head.py). A document with none
+    // of these keys is still missing its target groups (a typo must not empty the topology).
+    for (const char* key : {"applications", "proxies", "controller_info"})
+      if (root.contains(key)) {
+        doc.serve_running = false;
+        return doc;
+      }
+    fail("target_groups", "missing required field");
+  }
   as_list(*groups, "target_groups");
 
   // prefix -> (group index, app name) of the HTTP group that claimed it first
@@ -399,9 +412,18 @@ std::string to_json(const document& doc) {
     g["ingress_request_router_targets"] = nlohmann::ordered_json::array();
     for (const auto& t : a.routers) g["ingress_request_router_targets"].push_back(target_to_json(t));
     if (a.router_fallback) g["ingress_router_fallback"] = true;
+    if (a.fallback) g["fallback_target"] = target_to_json(*a.fallback);
     groups.push_back(std::move(g));
   }
   nlohmann::ordered_json root;
+  if (!doc.serve_running) {
+    // Ray's empty ServeInstanceDetails, as the dashboard serves it while Serve is not running.
+    root = {{"controller_info", nlohmann::ordered_json::object()},
+            {"proxies", nlohmann::ordered_json::object()},
+            {"applications", nlohmann::ordered_json::object()},
+            {"target_capacity", nullptr}};
+    return root.dump(2);
+  }
   root["target_groups"] = std::move(groups);
   if (doc.http_fallback) root["fallback_targets"] = {{"HTTP", target_to_json(*doc.http_fallback)}};
   return root.dump(2);

@@ -92,7 +92,10 @@ void parse(std::string_view bytes, std::size_t hlimit, bool check, parsed& out) 
     boost::system::error_code ec;
     auto used = out.p->put(boost::asio::buffer(in.data(), in.size()), ec);
     off += used;
-    if (ec == bhttp::error::need_more) break;
+    if (ec == bhttp::error::need_more) {
+      if (out.p->chunked() && http::malformed_chunk_line(bytes.substr(off))) out.status = 400;
+      break;
+    }
     if (ec) {
       out.status = ec == bhttp::error::body_limit ? 413 : 400;
       return;
@@ -116,10 +119,7 @@ std::string reserialise(const parser_t& p) {
     if (hop.skip(f.name(), name)) continue;
     if (f.name() == bhttp::field::expect || f.name() == bhttp::field::proxy_authorization) continue;
     if (f.name() == bhttp::field::host) have_host = true;
-    if (http::iequals(name, "x-request-id") || http::iequals(name, "x-forwarded-for") ||
-        http::iequals(name, "x-forwarded-proto") || http::iequals(name, "forwarded") ||
-        http::iequals(name, "x-real-ip"))
-      continue;
+    if (http::proxy_owned_field(name)) continue;
     if (!http::valid_field_value(f.value())) fail("an accepted field value cannot be forwarded");
     http::append_field(out, name, f.value());
   }

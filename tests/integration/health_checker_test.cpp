@@ -28,9 +28,10 @@ using ingressd::testing::io_thread;
 class transitions {
  public:
   checker::change_callback callback() {
-    return [this](const std::string& key, bool up) {
+    return [this](const std::string& key, bool up, const std::string& cause) {
       std::lock_guard lock(mu_);
       events_.emplace_back(key, up);
+      causes_.push_back(cause);
       cv_.notify_all();
     };
   }
@@ -42,11 +43,16 @@ class transitions {
     std::lock_guard lock(mu_);
     return events_;
   }
+  std::vector<std::string> causes() {
+    std::lock_guard lock(mu_);
+    return causes_;
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<std::string, bool>> events_;
+  std::vector<std::string> causes_;
 };
 
 config::health_settings fast_settings(unsigned fall = 3, unsigned rise = 2) {
@@ -111,6 +117,8 @@ TEST(HealthChecker, UnhealthyReplicaGoesDownAfterFallThenUpAfterRise) {
   EXPECT_GE(replica.probe_count() - before_down, s.fall - 1);
   EXPECT_EQ(tr.events()[0], std::make_pair(key_of(replica), false));
   EXPECT_FALSE(hc.is_up(key_of(replica)));
+  // Why, for /topology: the failing check and the count.
+  EXPECT_EQ(tr.causes()[0], "health check: HTTP 503 (3 consecutive checks failed)");
 
   // Still down while failing: no more transitions.
   const auto down_probes = replica.probe_count();
@@ -124,6 +132,28 @@ TEST(HealthChecker, UnhealthyReplicaGoesDownAfterFallThenUpAfterRise) {
   EXPECT_EQ(tr.events()[1], std::make_pair(key_of(replica), true));
   EXPECT_TRUE(hc.is_up(key_of(replica)));
   EXPECT_EQ(tr.events().size(), 2u);
+}
+
+TEST(HealthChecker, MarkDownIsCheckedAtOnceAndComesBackAfterRise) {
+  // Passive health marked a healthy replica down: the checker must count it DOWN and check it
+  // now (not after `interval`), so that `rise` passed checks report it UP again.
+  demo::replica_server replica({});
+  io_thread io;
+  transitions tr;
+  auto s = fast_settings(/*fall=*/2, /*rise=*/2);
+  s.interval = 1h;  // only a mark_down can bring the next check forward
+  checker hc(io.ioc(), s, tr.callback());
+  hc.set_targets({target_of(replica)});
+  ASSERT_TRUE(wait_probes(replica, 1));  // the first check (within fast_interval of the start)
+  const auto before = replica.probe_count();
+  hc.mark_down(key_of(replica));
+  hc.mark_down("10.9.9.9:1");  // unknown: ignored
+  ASSERT_TRUE(tr.wait(1));
+  EXPECT_EQ(tr.events()[0], std::make_pair(key_of(replica), true));
+  EXPECT_TRUE(tr.causes()[0].empty());
+  EXPECT_GE(replica.probe_count() - before, s.rise);
+  EXPECT_TRUE(hc.is_up(key_of(replica)));
+  EXPECT_EQ(tr.events().size(), 1u);  // the mark itself is not reported
 }
 
 TEST(HealthChecker, DeadPortGoesDown) {

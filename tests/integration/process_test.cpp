@@ -149,6 +149,36 @@ TEST_F(Process, BindFailureExitsOne) {
                         &out),
             1)
       << out;
+  // The message names the address and the setting, not the Boost call that failed.
+  const auto addr = "127.0.0.1:" + std::to_string(held.local_endpoint().port());
+  EXPECT_NE(out.find("cannot listen on " + addr + " (listen)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("reactive_socket"), std::string::npos) << out;
+  EXPECT_EQ(run_to_exit({"--topology-file", path("topology.json"), "--listen", "127.0.0.1:0", "--admin-listen",
+                         addr},
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("cannot listen on " + addr + " (admin_listen)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("reactive_socket"), std::string::npos) << out;
+}
+
+TEST_F(Process, SecondIngressdOnTheSameAddressExitsOneInsteadOfSharingThePort) {
+  // Both would set SO_REUSEPORT on their listeners; the second must still not join the first's
+  // port and take half of its connections (contract §9).
+  write("topology.json", topology::to_json(topology_builder().app("a", "/", {make_target(1, "r")}).build()));
+  auto first = start();
+  std::string out;
+  EXPECT_EQ(run_to_exit({"--topology-file", path("topology.json"), "--listen", "127.0.0.1:" + std::to_string(port_),
+                         "--admin-listen", "127.0.0.1:0", "--threads", "2"},
+                        &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("cannot listen on 127.0.0.1:" + std::to_string(port_)), std::string::npos) << out;
+  // The first one is unharmed and still answers on its port.
+  const auto status = http_get("127.0.0.1", port_, "/-/healthz", {}, 2s).status;
+  EXPECT_TRUE(status == 200 || status == 503) << status;
+  first->signal(SIGTERM);
+  EXPECT_EQ(first->wait(10s), std::optional<int>(0));
 }
 
 TEST_F(Process, TopologyFileChangesApplyWithoutDroppingConnections) {

@@ -140,6 +140,7 @@ router:
   timeout: 750ms
   forward_body: true
   body_limit: 1MiB
+  body_wait: 1500ms
   session_header: X-Conversation-ID
   on_failure: fail_open
 upstream:
@@ -162,6 +163,7 @@ health:
   fall: 3
   rise: 4
   timeout: 1s
+  error_limit: 7
 drain:
   min_period: 5s
   timeout: 1h
@@ -189,6 +191,7 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
   EXPECT_EQ(cfg.router.timeout, 750ms);
   EXPECT_TRUE(cfg.router.forward_body);
   EXPECT_EQ(cfg.router.body_limit, 1024u * 1024);
+  EXPECT_EQ(cfg.router.body_wait, 1500ms);
   EXPECT_EQ(cfg.router.session_header, "x-conversation-id");  // stored lowercased
   EXPECT_EQ(cfg.router.failure_mode, on_failure::fail_open);
 
@@ -211,6 +214,7 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
   EXPECT_EQ(cfg.health.fall, 3u);
   EXPECT_EQ(cfg.health.rise, 4u);
   EXPECT_EQ(cfg.health.timeout, 1s);
+  EXPECT_EQ(cfg.health.error_limit, 7u);
 
   EXPECT_EQ(cfg.drain.min_period, 5s);
   EXPECT_EQ(cfg.drain.timeout, 1h);
@@ -227,13 +231,13 @@ TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
       "listen", "admin_listen", "threads", "busy_poll_us", "node_ip", "root_path", "log_level", "access_log",
       "topology.file", "topology.ray_dashboard", "topology.url", "topology.poll_interval",
       "topology.timeout", "topology.local_dial_host", "router.methods", "router.timeout",
-      "router.forward_body", "router.body_limit", "router.session_header", "router.on_failure",
+      "router.forward_body", "router.body_limit", "router.body_wait", "router.session_header", "router.on_failure",
       "upstream.connect_timeout", "upstream.first_byte_timeout", "upstream.idle_timeout",
       "upstream.retries", "upstream.max_idle_per_replica", "client.header_timeout",
       "client.body_timeout", "client.keepalive_timeout", "client.max_header_bytes",
       "client.max_body_bytes", "client.max_connections", "health.path", "health.interval",
-      "health.fast_interval", "health.fall", "health.rise", "health.timeout", "drain.min_period",
-      "drain.timeout"};
+      "health.fast_interval", "health.fall", "health.rise", "health.timeout", "health.error_limit",
+      "drain.min_period", "drain.timeout"};
   EXPECT_EQ(known_key_set(), contract);
 }
 

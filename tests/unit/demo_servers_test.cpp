@@ -178,6 +178,32 @@ TEST(DemoServers, RouterRoundRobinsAndRecordsExactRequests) {
   EXPECT_TRUE(rec[2].body.empty());
 }
 
+TEST(DemoServers, RecordsAreABoundedWindowOfTheMostRecentRequests) {
+  // A demo that serves for days keeps only the latest requests and picks (it once grew to
+  // 828 MB after ~1.1 M requests); the count still covers all of them.
+  router_server router({.name = "SERVE_REPLICA::llm#LLMRouter#t", .bind_ip = loopback, .port = 0});
+  router.set_replicas(std::vector<std::string>{"a", "b", "c"});
+  router.set_record_limit(3);
+  auto c = testing::connection::open(loopback, router.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(c.write(route_request(router, "X-Request-Id: id-" + std::to_string(i) + "\r\n")));
+    ASSERT_TRUE(c.read_response(5s).complete);
+  }
+  EXPECT_EQ(router.request_count(), 5u);
+  const auto rec = router.requests();
+  ASSERT_EQ(rec.size(), 3u);
+  EXPECT_EQ(rec.front().header("x-request-id").value_or(""), "id-2");
+  EXPECT_EQ(rec.back().header("x-request-id").value_or(""), "id-4");
+  EXPECT_EQ(router.picks(), (std::vector<std::string>{"c", "a", "b"}));
+  EXPECT_TRUE(router.wait_for_requests(5, 1s));
+
+  demo::cluster cluster;  // the demo's servers come with a bounded window
+  EXPECT_EQ(cluster.replica(0).record_limit(), demo::cluster::options{}.record_limit);
+  EXPECT_EQ(cluster.local_router(0).record_limit(), demo::cluster::options{}.record_limit);
+  EXPECT_EQ(cluster.echo_replica().record_limit(), demo::cluster::options{}.record_limit);
+}
+
 TEST(DemoServers, RouterSpeaksHttp10WithConnectionClose) {
   router_server router({.name = "r", .bind_ip = loopback, .port = 0});
   router.set_replicas(std::vector<std::string>{"SERVE_REPLICA::llm#LLMServer#x"});

@@ -254,7 +254,10 @@ TEST(MetricsRender, SumsWorkersAndRendersEveryFamily) {
   in.active_connections = 2;
   in.active_streams = 1;
   in.topology = snap.get();
-  in.replica_up = [](const std::string& key) { return key != "10.0.0.6:30001"; };
+  // Health and mark-downs come from the snapshot's node-wide upstream states.
+  snap->states.at("10.0.0.6:30001")->up = false;
+  snap->states.at("10.0.0.6:30001")->downs_by_errors = 2;
+  snap->states.at("10.0.0.6:30001")->downs_by_check = 1;
   in.topology_updates = 3;
   in.topology_errors = 1;
   const std::string text = render(in);
@@ -263,7 +266,7 @@ TEST(MetricsRender, SumsWorkersAndRendersEveryFamily) {
        {"ingressd_requests_total", "ingressd_request_duration_seconds", "ingressd_upstream_first_byte_seconds",
         "ingressd_router_latency_seconds", "ingressd_router_attempts_total", "ingressd_router_failures_total",
         "ingressd_router_truncations_total", "ingressd_router_colocated_ratio", "ingressd_replica_up",
-        "ingressd_active_connections", "ingressd_active_streams", "ingressd_topology_updates_total",
+        "ingressd_replica_marked_down_total", "ingressd_active_connections", "ingressd_active_streams", "ingressd_topology_updates_total",
         "ingressd_topology_errors_total", "ingressd_requests_received_total"}) {
     EXPECT_EQ(count_prefix(text, std::string("# TYPE ") + family + " "), 1u) << family;
     EXPECT_EQ(count_prefix(text, std::string("# HELP ") + family + " "), 1u) << family;
@@ -292,6 +295,12 @@ TEST(MetricsRender, SumsWorkersAndRendersEveryFamily) {
   EXPECT_TRUE(contains_line(text, "ingressd_replica_up{app=\"llm\",replica=\"rep-a\"} 1"));
   EXPECT_TRUE(contains_line(text, "ingressd_replica_up{app=\"llm\",replica=\"rep-b\"} 0"));
   EXPECT_TRUE(contains_line(text, "ingressd_replica_up{app=\"echo\",replica=\"echo-1\"} 1"));
+  EXPECT_TRUE(contains_line(
+      text, "ingressd_replica_marked_down_total{app=\"llm\",replica=\"rep-b\",cause=\"connection_errors\"} 2"));
+  EXPECT_TRUE(contains_line(
+      text, "ingressd_replica_marked_down_total{app=\"llm\",replica=\"rep-b\",cause=\"health_check\"} 1"));
+  EXPECT_TRUE(contains_line(
+      text, "ingressd_replica_marked_down_total{app=\"llm\",replica=\"rep-a\",cause=\"health_check\"} 0"));
   EXPECT_TRUE(contains_line(text, "ingressd_active_connections 2"));
   EXPECT_TRUE(contains_line(text, "ingressd_active_streams 1"));
   EXPECT_TRUE(contains_line(text, "ingressd_topology_updates_total 3"));
@@ -307,7 +316,7 @@ TEST(MetricsRender, RemoteOnlyPoolHasRatioZero) {
   in.topology = snap.get();
   const std::string text = render(in);
   EXPECT_TRUE(contains_line(text, "ingressd_router_colocated_ratio{app=\"llm\"} 0"));
-  // Without a health source every replica counts as up.
+  // A fresh snapshot's replicas start up.
   EXPECT_TRUE(contains_line(text, "ingressd_replica_up{app=\"llm\",replica=\"rep-b\"} 1"));
 }
 

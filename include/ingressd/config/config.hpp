@@ -45,6 +45,9 @@ struct router_settings {
   duration timeout = 5s;           ///< router.timeout: per attempt (connect + send + full reply)
   bool forward_body = false;       ///< router.forward_body: send the first body_limit bytes to the router
   std::uint64_t body_limit = 256 * 1024;      ///< router.body_limit: cap on the body copy
+  /// router.body_wait: with forward_body, the longest wait for the body prefix; then the router
+  /// is asked with what has arrived, marked truncated (Ray: `wait-for-body time 5s`).
+  duration body_wait = 5s;
   std::string session_header = "x-session-id"; ///< router.session_header ("" disables), lowercased
   on_failure failure_mode = on_failure::fail_closed;  ///< router.on_failure
   bool operator==(const router_settings&) const = default;
@@ -52,8 +55,12 @@ struct router_settings {
 
 struct upstream_settings {
   duration connect_timeout = 2s;       ///< upstream.connect_timeout
-  duration first_byte_timeout = 300s;  ///< upstream.first_byte_timeout: request sent -> response head
-  duration idle_timeout = 300s;        ///< upstream.idle_timeout: between response body reads
+  // Both one hour, Ray's longest wait on anything (`timeout client 3600s`; its HAProxy sets no
+  // server timeout): a reasoning model may queue or think for many minutes before its first
+  // token or between two, and a default must never cut a legitimate generation off. A client
+  // that leaves ends the request at once whatever these say.
+  duration first_byte_timeout = 3600s;  ///< upstream.first_byte_timeout: request sent -> response head
+  duration idle_timeout = 3600s;        ///< upstream.idle_timeout: between response body reads
   unsigned retries = 3;                ///< upstream.retries: connect attempts on other replicas
   unsigned max_idle_per_replica = 64;  ///< upstream.max_idle_per_replica: pooled conns per worker
   bool operator==(const upstream_settings&) const = default;
@@ -76,6 +83,10 @@ struct health_settings {
   unsigned fall = 2;                ///< health.fall: failed checks to mark down
   unsigned rise = 2;                ///< health.rise: passed checks to mark up
   duration timeout = 2s;            ///< health.timeout
+  /// health.error_limit: this many consecutive connection errors to a replica (refused, timed
+  /// out, reset before a response head) mark it down at once; the active checks bring it back.
+  /// 0 = off. Ray: `observe layer4 error-limit 3 on-error mark-down`.
+  unsigned error_limit = 3;
   bool operator==(const health_settings&) const = default;
 };
 

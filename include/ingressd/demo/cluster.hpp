@@ -22,6 +22,9 @@ class cluster {
     std::string remote_ip = "127.0.0.3";  ///< "another node": the remote router
     std::chrono::milliseconds token_delay{20};
     std::size_t tokens = 8;
+    /// Requests (and router picks) each server keeps for inspection: a demo that serves for
+    /// days must not keep every request it ever saw.
+    std::size_t record_limit = 256;
   };
 
   /// Starts every server (throws boost::system::system_error if one cannot bind).

@@ -106,7 +106,7 @@ class router_server final : public server_base {
   mutable std::mutex script_mu_;
   std::vector<topology::target> replicas_;
   std::size_t cursor_ = 0;
-  std::vector<std::string> picks_;
+  std::deque<std::string> picks_;  // the most recent record_limit() picks
   router_behaviour behaviour_;
   std::deque<router_behaviour> queued_;
 };

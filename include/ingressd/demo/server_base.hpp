@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <future>
 #include <map>
@@ -133,9 +134,15 @@ class server_base {
   std::uint16_t port() const { return port_; }
   tcp::endpoint endpoint() const;
 
-  /// Copies of the recorded requests, in completion order (probes excluded, see is_probe()).
+  /// Copies of the recorded requests, in completion order (probes excluded, see is_probe()):
+  /// the most recent record_limit() of them, so that a long-running demo stays bounded.
   std::vector<recorded_request> requests() const;
+  /// Requests recorded since the start (or the last clear_requests()), also those the window
+  /// no longer holds.
   std::size_t request_count() const;
+  /// How many recorded requests requests() keeps (default 4096; older ones are dropped).
+  void set_record_limit(std::size_t n);
+  std::size_t record_limit() const;
   /// Requests answered without being recorded (e.g. the replica's health checks).
   std::size_t probe_count() const;
   void clear_requests();
@@ -191,7 +198,9 @@ class server_base {
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  std::vector<recorded_request> requests_;
+  std::deque<recorded_request> requests_;  // the window: at most record_limit_
+  std::size_t recorded_ = 0;               // all recorded since the last clear
+  std::size_t record_limit_ = 4096;
   std::size_t probes_ = 0;
   std::size_t accepted_ = 0;
   std::size_t open_count_ = 0;

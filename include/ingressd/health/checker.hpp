@@ -48,6 +48,11 @@ class state_machine {
   duration next_interval() const;
 
   bool up() const { return up_; }
+  /// Passive health marked the target down: DOWN now, and `rise` passed checks bring it back.
+  void force_down() {
+    up_ = false;
+    streak_ = 0;
+  }
   /// UP with at least one failure counted, or DOWN with at least one success counted.
   bool transitioning() const { return streak_ > 0; }
   /// Consecutive results against the current state (failures while UP, successes while DOWN).
@@ -83,7 +88,9 @@ struct target_ref {
 /// stop() it no longer touches the io_context.
 class checker {
  public:
-  using change_callback = std::function<void(const std::string& key, bool up)>;
+  /// `cause`: why a target went DOWN (e.g. "health check: HTTP 503 (2 consecutive checks
+  /// failed)"); empty when it came UP.
+  using change_callback = std::function<void(const std::string& key, bool up, const std::string& cause)>;
 
   checker(asio::io_context& ioc, config::health_settings settings, change_callback on_change);
   ~checker();
@@ -95,6 +102,12 @@ class checker {
   /// fast_interval, removed ones stop being probed at once (a probe in flight is abandoned and
   /// never reported). Duplicate keys: the first one wins. No-op after stop().
   void set_targets(std::vector<target_ref> targets);
+
+  /// Passive health marked `key` down (the daemon has already stopped routing to it): the
+  /// target counts as DOWN from now on and is checked at once, then every fast_interval, until
+  /// `rise` checks pass and `on_change` reports it UP (HAProxy's `on-error mark-down`). No
+  /// `on_change` for the mark itself. Unknown keys are ignored. Any thread.
+  void mark_down(const std::string& key);
 
   /// Stops every probe loop promptly (timers and sockets are cancelled on the io_context).
   /// Idempotent.

@@ -32,6 +32,9 @@ class hop_filter {
 /// Appends "Name: value\r\n".
 void append_field(std::string& out, std::string_view name, std::string_view value);
 
+/// Adds "Name: value\r\n" to a complete message head in `msg`, right after its start line.
+void insert_field(std::string& msg, std::string_view name, std::string_view value);
+
 /// True when `v` can be sent as a header value: no CR, LF or NUL (hardening D8).
 bool valid_field_value(std::string_view v) noexcept;
 

@@ -59,6 +59,20 @@ unsigned status_for_head_error(const boost::system::error_code& ec, std::string_
 /// (RFC 9112 §2.2, hardening D12); Beast refuses them as a bad method.
 std::size_t leading_empty_lines(std::string_view pending) noexcept;
 
+/// For a chunked body whose parser made no progress on `pending` (the bytes after the last
+/// chunk's data): true when they hold a complete chunk-size line that is malformed, i.e. the
+/// request is bad (400) rather than incomplete. Why: Beast looks for the closing quote of a
+/// chunk extension's quoted-string past the end of the line, up to the end of the buffer, so
+/// `3;a="b\r\n...` makes it wait for more bytes for ever; a quoted-string never spans a line
+/// (RFC 9112 §7.1.1).
+bool malformed_chunk_line(std::string_view pending) noexcept;
+
+/// Request header fields that ingressd owns and never forwards as the client sent them: the
+/// forwarding fields it sets itself (X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, Forwarded,
+/// X-Real-IP) and the router-owned `x-serve-router-*` namespace (only a router's reply sets those;
+/// a client value would spoof a routing decision, contract §9). Case-insensitive.
+bool proxy_owned_field(std::string_view name) noexcept;
+
 /// Whether ingressd forwards requests with this method (case-sensitive).
 bool forwarded_method(std::string_view method) noexcept;
 

@@ -3,7 +3,6 @@
 // in Prometheus text format. Runs on the admin thread; never touches worker-owned state other
 // than through single-writer counters and worker_metrics::visit.
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,10 +16,9 @@ struct scrape_input {
   std::uint64_t requests_received = 0;   ///< ingressd_requests_received_total
   std::uint64_t active_connections = 0;  ///< ingressd_active_connections
   std::uint64_t active_streams = 0;      ///< ingressd_active_streams
-  /// The current topology (replica_up, colocated_ratio); may be null.
+  /// The current topology (replica_up and marked_down from its upstream states,
+  /// colocated_ratio); may be null.
   const topology::snapshot* topology = nullptr;
-  /// Health of a replica by endpoint key; unset = every replica of the topology is up.
-  std::function<bool(const std::string& key)> replica_up;
   std::uint64_t topology_updates = 0;    ///< ingressd_topology_updates_total
   std::uint64_t topology_errors = 0;     ///< ingressd_topology_errors_total
   std::uint64_t config_reloads = 0;      ///< ingressd_config_reloads_total

@@ -24,15 +24,21 @@ class daemon {
   daemon(const daemon&) = delete;
   daemon& operator=(const daemon&) = delete;
 
-  /// Binds the main and admin listeners and starts all threads. Throws std::system_error when a
-  /// listener cannot be bound (a startup failure: exit code 1).
+  /// Binds the main and admin listeners and starts all threads. Throws std::runtime_error, its
+  /// message naming the address and its setting, when a listener cannot be opened (also when
+  /// another process holds the address): a startup failure, exit code 1.
   void start();
 
   /// Publishes a new topology to every worker (they apply it on their own thread).
   void set_topology(std::shared_ptr<const topology::snapshot> snap);
-  /// Active health checks marked replica `key` ("ip:port") up or down; workers stop choosing a
-  /// down replica (a router-pinned one falls through to a healthy one).
-  void set_replica_health(const std::string& key, bool up);
+  /// Active health checks marked replica `key` ("ip:port") up or down (`cause`: why, shown in
+  /// /topology); workers stop choosing a down replica at once (a router-pinned one falls through
+  /// to a healthy one).
+  void set_replica_health(const std::string& key, bool up, std::string cause = {});
+  /// Passive health (health.error_limit): a worker marked upstream `key` down after consecutive
+  /// connection errors. `f` runs on that worker's thread, set before start(); the runner hands
+  /// the key to the active checker, whose checks bring it back.
+  void on_passive_down(std::function<void(const std::string& key)> f);
   /// SIGHUP (contract §2): applies a validated config to new requests; requests already running
   /// keep theirs. Listeners keep their sockets. Returns an error message, and changes nothing,
   /// when the new config changes what needs a restart (listen, admin_listen, threads).
@@ -51,9 +57,6 @@ class daemon {
   /// set_topology). Used by tests instead of sleeping.
   void sync();
 
-  /// Per replica key: health (true = up) and in-flight requests summed over the workers.
-  std::unordered_map<std::string, std::pair<bool, std::uint32_t>> replica_state() const;
-
   /// The bound ports (useful with port 0).
   std::uint16_t port() const;
   std::uint16_t admin_port() const;
@@ -66,6 +69,7 @@ class daemon {
   int wait();
 
  private:
+  void mark(const std::string& key, bool up, std::string cause, bool passive);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

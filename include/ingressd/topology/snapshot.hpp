@@ -2,6 +2,7 @@
 // The immutable routing view of one topology document, as workers read it. Built once per
 // topology change on the control thread and handed to every worker as shared_ptr<const snapshot>;
 // no lock is ever taken to read it.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -17,12 +18,31 @@
 
 namespace ingressd::topology {
 
+/// The live state of one upstream (a replica or a fallback target) on this node: shared by every
+/// worker (relaxed atomics, no lock) and carried from one snapshot to the next while its key
+/// stays, so that in-flight counts and health survive topology changes.
+struct upstream_state {
+  /// Requests being proxied to it by any worker: the least-loaded choice is node-wide, as
+  /// HAProxy's leastconn and Ray's proxy count (per-worker counts skew as workers grow).
+  std::atomic<std::uint32_t> in_flight{0};
+  /// Health: false once active checks fail (health.fall) or passive health marks it down
+  /// (health.error_limit consecutive connection errors); the active checks bring it back.
+  std::atomic<bool> up{true};
+  /// Consecutive connection errors (refused, timed out, reset before a response head).
+  std::atomic<std::uint32_t> errors{0};
+  /// Times it was marked down by each cause (ingressd_replica_marked_down_total).
+  std::atomic<std::uint64_t> downs_by_check{0};
+  std::atomic<std::uint64_t> downs_by_errors{0};
+};
+
 /// A target resolved for dialling.
 struct endpoint {
   boost::asio::ip::tcp::endpoint dial;  ///< where we connect (local_dial_host applied)
   std::string key;                      ///< "ip:port" as in the document (pool and metrics key)
   std::string name;                     ///< Target.name
   bool colocated = false;               ///< ip == node IP
+  /// Replicas and fallback targets only (routers have none); owned by the snapshot's `states`.
+  upstream_state* state = nullptr;
 };
 
 struct app_view {
@@ -31,6 +51,8 @@ struct app_view {
   std::vector<endpoint> replicas;      ///< same order as the document's targets
   std::vector<endpoint> router_pool;   ///< routers in pool order (contract §4.2)
   bool router_fallback = false;        ///< ingress_router_fallback
+  /// The app's fallback target: its group's fallback_target, else fallback_targets.HTTP.
+  std::optional<endpoint> fallback;
   /// replica name (router replica_id) -> index into replicas
   std::unordered_map<std::string, std::size_t> replica_by_name;
   /// Identity of the router pool; a worker keeps an app's cursor when this is unchanged.
@@ -42,7 +64,9 @@ struct snapshot {
   std::string node_ip;
   std::vector<app_view> apps;            ///< index = app index in routes
   routing::route_table routes;
-  std::optional<endpoint> fallback;      ///< HTTP fallback target
+  std::optional<endpoint> fallback;      ///< fallback_targets.HTTP (apps may have their own)
+  /// Live state of every replica and fallback target, by key (endpoint::state points here).
+  std::unordered_map<std::string, std::shared_ptr<upstream_state>> states;
   std::uint64_t generation = 0;          ///< increases with each published change
   std::string source;                    ///< where the document came from ("file /x.json", ...)
   std::chrono::system_clock::time_point updated{};
@@ -55,9 +79,11 @@ struct snapshot {
 };
 
 /// Builds the routing view. `local_dial_host` ("" = none) replaces the ip of co-located targets
-/// when dialling. Target ips were validated by parse_document.
+/// when dialling. Target ips were validated by parse_document. Upstreams whose key was in
+/// `previous` keep its state (in-flight counts, health); new ones start up and idle.
 std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& node_ip,
                                               const std::string& local_dial_host,
-                                              std::uint64_t generation, std::string source = {});
+                                              std::uint64_t generation, std::string source = {},
+                                              const snapshot* previous = nullptr);
 
 }  // namespace ingressd::topology

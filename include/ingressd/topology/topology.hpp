@@ -26,18 +26,27 @@ struct target {
 struct app {
   std::string name;                 ///< app_name
   std::string route_prefix;         ///< "/" or "/x" (no trailing slash except "/")
-  std::vector<target> replicas;     ///< targets
+  std::vector<target> replicas;     ///< targets (empty for an app scaled to zero)
   std::vector<target> routers;      ///< ingress_request_router_targets
   bool router_fallback = false;     ///< ingress_router_fallback: fail open for this app
+  /// fallback_target: where this app's requests go when it has no healthy replica, and on
+  /// unknown_replica_id (the head node's Serve proxy, which scales the app up). Wins over the
+  /// document's fallback_targets.HTTP (contract §9).
+  std::optional<target> fallback;
   bool operator==(const app&) const = default;
 };
 
 /// A validated topology document.
 struct document {
   std::vector<app> apps;                 ///< in document order
-  std::optional<target> http_fallback;   ///< fallback_targets.HTTP
+  std::optional<target> http_fallback;   ///< fallback_targets.HTTP: every app's fallback unless it has its own
+  /// False for Ray's `ServeInstanceDetails` without `target_groups`: what the dashboard answers
+  /// while Serve is not running. A valid, empty topology (no apps), not an error (contract §9).
+  bool serve_running = true;
   std::vector<std::string> warnings;     ///< e.g. "ignored gRPC group 'x'" (logged once by the caller)
-  bool operator==(const document& o) const { return apps == o.apps && http_fallback == o.http_fallback; }
+  bool operator==(const document& o) const {
+    return apps == o.apps && http_fallback == o.http_fallback && serve_running == o.serve_running;
+  }
 };
 
 struct parse_error {
@@ -47,7 +56,9 @@ struct parse_error {
 /// Parses a topology document: `{"target_groups": [...], "fallback_targets": {...}}` or a full
 /// `ServeInstanceDetails`, as JSON or YAML (JSON is tried first when the text starts with '{').
 /// Rejects the whole document on wrong types, missing required fields, non-IP addresses, bad
-/// ports and duplicate route prefixes. Never throws.
+/// ports and duplicate route prefixes. A `ServeInstanceDetails` without `target_groups` (it has
+/// `applications`, `proxies` or `controller_info`) is Serve not running: no apps, serve_running
+/// false. Never throws.
 std::variant<document, parse_error> parse_document(std::string_view text);
 
 /// Serialises a document in Ray's JSON shape (`{"target_groups": [...], "fallback_targets": ...}`);
