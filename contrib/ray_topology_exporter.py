@@ -17,9 +17,13 @@ Behaviour:
   * Until the first successful poll, ``/`` and ``/topology`` answer 503 (ingressd counts that as a
     topology error and keeps waiting); afterwards the last good document is served, also while
     the controller is unreachable (``/-/healthz`` reports how old it is).
-  * ``fallback_targets`` is included only when the controller exposes a method for it
-    (``get_fallback_targets`` / ``get_fallback_proxy_targets``; Serve versions differ). It is
-    optional in the document.
+  * ``get_target_groups`` is the only controller method called. Each group is passed through
+    exactly as Ray returns it, its ``fallback_target`` included when the Serve version has one.
+  * The controller has no public method for the fallback targets (it broadcasts them to its
+    HAProxy managers on the FALLBACK_TARGETS long poll, ray python/ray/serve/_private/
+    controller.py ``broadcast_fallback_targets_if_changed``). ``--http-fallback HOST:PORT`` names
+    the head node's fallback Serve proxy (``RAY_SERVE_FALLBACK_PROXY_HTTP_PORT``, 8500 by
+    default) for ``fallback_targets.HTTP``: where ingressd sends an app with no running replica.
 
 Ray is imported only inside ``main()``; the conversion and the HTTP server work (and are tested)
 without Ray installed. Run it with the same Python environment (same Ray version) as the
@@ -47,8 +51,10 @@ log = logging.getLogger("ray_topology_exporter")
 
 SERVE_NAMESPACE = "serve"
 SERVE_CONTROLLER_NAME = "SERVE_CONTROLLER_ACTOR"
-FALLBACK_METHODS = ("get_fallback_targets", "get_fallback_proxy_targets")
 DOCUMENT_PATHS = ("/", "/topology")
+# The name --http-fallback gives the fallback target (Ray names the fallback proxy's actor itself;
+# ingressd uses the name only in /topology and the access log).
+FALLBACK_PROXY_NAME = "SERVE_FALLBACK_PROXY"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -198,45 +204,33 @@ def make_server(store: DocumentStore, host: str = "127.0.0.1", port: int = 0) ->
 # Polling the controller (Ray objects are passed in, so tests can fake them)
 
 
+def fallback_target(address: str) -> Dict[str, Any]:
+    """A Ray ``Target`` for ``--http-fallback HOST:PORT`` (IPv6 as ``[::1]:8500``)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return {"ip": host, "port": int(port), "instance_id": "", "name": FALLBACK_PROXY_NAME}
+
+
 class ControllerPoller:
-    """Fetches the document from a Serve controller actor handle.
+    """Fetches the document from a Serve controller actor handle: ``get_target_groups`` is the one
+    controller method it calls.
 
-    `ray_get` is ``ray.get`` (called as ``ray_get(ref, timeout=...)``)."""
+    `ray_get` is ``ray.get`` (called as ``ray_get(ref, timeout=...)``); `http_fallback` is the
+    ``fallback_targets.HTTP`` target (see ``fallback_target``), or None."""
 
-    def __init__(self, controller: Any, ray_get: Callable[..., Any], timeout_s: float = 10.0) -> None:
+    def __init__(self, controller: Any, ray_get: Callable[..., Any], timeout_s: float = 10.0,
+                 http_fallback: Optional[Dict[str, Any]] = None) -> None:
         self.controller = controller
         self.ray_get = ray_get
         self.timeout_s = timeout_s
-        self._fallback_method: Optional[str] = None
-        self._fallback_checked = False
+        self.http_fallback = http_fallback
 
     def poll_once(self) -> Dict[str, Any]:
         groups = self.ray_get(self.controller.get_target_groups.remote(from_proxy_manager=True), timeout=self.timeout_s)
-        return build_document(groups, self._fallback_targets())
-
-    def _fallback_targets(self) -> Optional[Dict[Any, Any]]:
-        if not self._fallback_checked:
-            self._fallback_checked = True
-            for name in FALLBACK_METHODS:
-                try:
-                    if hasattr(self.controller, name):
-                        self._fallback_method = name
-                        break
-                except Exception:  # an actor handle may raise other errors on unknown names
-                    continue
-            if self._fallback_method:
-                log.info("fallback targets from controller.%s()", self._fallback_method)
-            else:
-                log.info("the controller has no fallback-targets method; documents carry no fallback_targets")
-        if not self._fallback_method:
-            return None
-        try:
-            method = getattr(self.controller, self._fallback_method)
-            value = self.ray_get(method.remote(), timeout=self.timeout_s)
-        except Exception as exc:  # optional data: never fail the poll for it
-            log.warning("controller.%s() failed: %s", self._fallback_method, exc)
-            return None
-        return value if isinstance(value, dict) else None
+        return build_document(groups, {"HTTP": self.http_fallback} if self.http_fallback else None)
 
 
 def run_poll_loop(poller: ControllerPoller, store: DocumentStore, interval_s: float, stop: threading.Event,
@@ -275,6 +269,9 @@ def parse_args(argv: Optional[Iterable[str]] = None) -> argparse.Namespace:
     p.add_argument("--address", default="auto", help='Ray cluster address for ray.init (default "auto")')
     p.add_argument("--namespace", default=SERVE_NAMESPACE, help='Serve namespace (default "serve")')
     p.add_argument("--controller", default=SERVE_CONTROLLER_NAME, help="Serve controller actor name")
+    p.add_argument("--http-fallback", default=None, metavar="HOST:PORT", type=fallback_target,
+                   help="the head node's fallback Serve proxy (port 8500 unless RAY_SERVE_FALLBACK_PROXY_HTTP_PORT "
+                        "says otherwise): fallback_targets.HTTP, where ingressd sends apps with no running replica")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p.parse_args(list(argv) if argv is not None else None)
 
@@ -307,7 +304,7 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
 
     stop = threading.Event()
-    poller = ControllerPoller(controller, ray.get, timeout_s=args.timeout)
+    poller = ControllerPoller(controller, ray.get, timeout_s=args.timeout, http_fallback=args.http_fallback)
     try:
         run_poll_loop(poller, store, args.interval, stop, reconnect=get_controller)
     except KeyboardInterrupt:

@@ -53,12 +53,15 @@ def v1_target(ip, port, name):
     return FakeModelV1(ip=ip, port=port, instance_id="i-" + ip, name=name)
 
 
+# Field by field as Ray's pydantic models have them (ray python/ray/serve/schema.py, TargetGroup
+# and Target at ray-project/ray 0c64d3d): every field, defaults included, as model_dump gives it.
 V1_GROUP = FakeModelV1(
     targets=[v1_target("10.0.0.5", 30001, "SERVE_REPLICA::llm#LLMServer#a")],
     route_prefix="/v1",
     protocol=RequestProtocol.HTTP,
     app_name="llm",
-    ingress_request_router_targets=[v1_target("10.0.0.5", 30004, "SERVE_REPLICA::llm#Router#r")],
+    ingress_request_router_targets=[v1_target("10.0.0.5", 30004, "SERVE_REPLICA::llm#LLMRouter#r")],
+    ingress_router_fallback=False,
     ingress_deployment_name="LLMServer",
 )
 
@@ -68,11 +71,25 @@ EXPECTED_V1_GROUP = {
     "protocol": "HTTP",
     "app_name": "llm",
     "ingress_request_router_targets": [
-        {"ip": "10.0.0.5", "port": 30004, "instance_id": "i-10.0.0.5", "name": "SERVE_REPLICA::llm#Router#r"}
+        {"ip": "10.0.0.5", "port": 30004, "instance_id": "i-10.0.0.5", "name": "SERVE_REPLICA::llm#LLMRouter#r"}
     ],
+    "ingress_router_fallback": False,
     "ingress_deployment_name": "LLMServer",
 }
 
+# An app scaled to zero as get_target_groups(from_proxy_manager=True) gives it in HAProxy mode
+# (controller.py _get_target_groups_for_app_with_no_running_replicas): no targets, no routers;
+# with a Serve version whose TargetGroup carries fallback_target (contract §9), that too.
+V2_SCALED_TO_ZERO = {
+    "targets": [],
+    "route_prefix": "/v1",
+    "protocol": "HTTP",
+    "app_name": "llm",
+    "ingress_request_router_targets": [],
+    "ingress_router_fallback": False,
+    "ingress_deployment_name": "LLMServer",
+    "fallback_target": {"ip": "10.0.0.1", "port": 8500, "instance_id": "i-head", "name": "SERVE_PROXY_ACTOR-fallback"},
+}
 
 class ConversionTest(unittest.TestCase):
     def test_module_does_not_import_ray(self):
@@ -89,6 +106,15 @@ class ConversionTest(unittest.TestCase):
         doc = exporter.build_document([group])
         self.assertEqual(doc["target_groups"][0]["protocol"], "gRPC")
         self.assertEqual(group.modes, ["json"])
+
+    def test_group_fallback_target_passes_through_as_ray_returns_it(self):
+        doc = exporter.build_document([FakeModelV2(V2_SCALED_TO_ZERO)])
+        self.assertEqual(doc, {"target_groups": [V2_SCALED_TO_ZERO]})
+        # A Serve version without a fallback for the group dumps None: passed through too
+        # (ingressd reads a null field as absent).
+        no_fallback = dict(V2_SCALED_TO_ZERO, fallback_target=None)
+        self.assertEqual(exporter.build_document([FakeModelV2(no_fallback)])["target_groups"][0]["fallback_target"],
+                         None)
 
     def test_fallback_targets_keyed_by_enum(self):
         fallback = {
@@ -127,11 +153,15 @@ class FakeMethod:
 
 
 class FakeController:
-    def __init__(self, groups, fallback=None):
+    """A Serve controller handle with only the methods the real one has that the exporter may
+    call: asking for anything else fails the test (there is no public get_fallback_targets)."""
+
+    def __init__(self, groups):
         self.groups = groups
         self.get_target_groups = FakeMethod(lambda **kw: self.groups)
-        if fallback is not None:
-            self.get_fallback_targets = FakeMethod(lambda: fallback)
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the exporter called controller.{name}, which the Serve controller does not have")
 
 
 def fake_ray_get(ref, timeout=None):
@@ -142,23 +172,22 @@ def fake_ray_get(ref, timeout=None):
 
 
 class PollerTest(unittest.TestCase):
-    def test_poll_uses_proxy_manager_view_and_fallback(self):
-        controller = FakeController([V1_GROUP], {RequestProtocol.HTTP: v1_target("10.0.0.1", 8000, "proxy")})
+    def test_poll_calls_only_get_target_groups_from_the_proxy_manager_view(self):
+        controller = FakeController([V1_GROUP, FakeModelV2(V2_SCALED_TO_ZERO)])
         doc = exporter.ControllerPoller(controller, fake_ray_get).poll_once()
         self.assertEqual(controller.get_target_groups.calls, [((), {"from_proxy_manager": True})])
-        self.assertEqual(doc["target_groups"], [EXPECTED_V1_GROUP])
-        self.assertEqual(doc["fallback_targets"]["HTTP"]["port"], 8000)
+        self.assertEqual(doc, {"target_groups": [EXPECTED_V1_GROUP, V2_SCALED_TO_ZERO]})
 
-    def test_poll_without_fallback_method(self):
+    def test_http_fallback_flag_fills_fallback_targets(self):
+        args = exporter.parse_args(["--http-fallback", "10.0.0.1:8500"])
         controller = FakeController([V1_GROUP])
-        doc = exporter.ControllerPoller(controller, fake_ray_get).poll_once()
-        self.assertNotIn("fallback_targets", doc)
-
-    def test_failing_fallback_does_not_fail_the_poll(self):
-        controller = FakeController([V1_GROUP], RuntimeError("boom"))
-        controller.get_fallback_targets = FakeMethod(lambda: RuntimeError("boom"))
-        doc = exporter.ControllerPoller(controller, fake_ray_get).poll_once()
-        self.assertEqual(doc, {"target_groups": [EXPECTED_V1_GROUP]})
+        doc = exporter.ControllerPoller(controller, fake_ray_get, http_fallback=args.http_fallback).poll_once()
+        self.assertEqual(doc["fallback_targets"],
+                         {"HTTP": {"ip": "10.0.0.1", "port": 8500, "instance_id": "", "name": "SERVE_FALLBACK_PROXY"}})
+        self.assertEqual(exporter.fallback_target("[fd00::1]:8500")["ip"], "fd00::1")
+        for bad in ("10.0.0.1", "10.0.0.1:0", "10.0.0.1:x", ":8500"):
+            with self.assertRaises(ValueError, msg=bad):
+                exporter.fallback_target(bad)
 
     def test_loop_keeps_last_good_document_on_error(self):
         controller = FakeController([V1_GROUP])

@@ -85,6 +85,7 @@ awaitable<void> admin_server::serve(tcp::socket sock) {
     const bool head_only = p.get().method() == bhttp::verb::head;
     if (p.get().method() != bhttp::verb::get && !head_only) {
       response = http::make_response(405, "text/plain", "Method Not Allowed", true);
+      http::insert_field(response, "Allow", "GET, HEAD");  // RFC 9110 §15.5.6: a 405 says what is allowed
     } else if (path == "/metrics") {
       response = http::make_response(200, "text/plain; version=0.0.4", metrics_text(), true, 11, head_only);
     } else if (path == "/topology") {

@@ -141,7 +141,9 @@ struct daemon::impl {
 
 daemon::daemon(std::shared_ptr<const config::config> cfg) : impl_(std::make_unique<impl>(std::move(cfg))) {
   impl_->shared.passive_down = [this](const std::string& key, std::string cause) {
-    mark(key, false, std::move(cause), true);
+    const std::string why = cause;
+    if (!mark(key, false, std::move(cause), true)) return;  // another worker marked it first
+    spdlog::warn("health: replica {} is DOWN: {}", key, why);
     if (impl_->on_passive_down) impl_->on_passive_down(key);
   };
 }
@@ -214,8 +216,9 @@ void daemon::set_topology(std::shared_ptr<const topology::snapshot> snap) {
   for (auto& w : impl_->workers) asio::post(w->ioc(), [w = w.get(), snap] { w->apply(snap); });
 }
 
-void daemon::mark(const std::string& key, bool up, std::string cause, bool passive) {
+bool daemon::mark(const std::string& key, bool up, std::string cause, bool passive) {
   std::lock_guard lk(impl_->snap_mu);
+  const bool was_down = impl_->down.contains(key);
   topology::upstream_state* state = nullptr;
   if (impl_->snap)
     if (auto it = impl_->snap->states.find(key); it != impl_->snap->states.end()) state = it->second.get();
@@ -223,11 +226,11 @@ void daemon::mark(const std::string& key, bool up, std::string cause, bool passi
     impl_->down.erase(key);
     if (state) state->errors.store(0, std::memory_order_relaxed);  // a new run of errors starts from 0
   } else {
-    const bool was_down = impl_->down.contains(key);
     impl_->down[key] = std::move(cause);
     if (state && !was_down) (passive ? state->downs_by_errors : state->downs_by_check).fetch_add(1, std::memory_order_relaxed);
   }
   if (state) state->up.store(up, std::memory_order_relaxed);
+  return was_down == up;
 }
 
 void daemon::set_replica_health(const std::string& key, bool up, std::string cause) {

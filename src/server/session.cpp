@@ -701,6 +701,10 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
     response = http::make_response(503, "text/plain", "This node is being drained.", close, 11, head_only);
   } else if (!snap) {
     response = http::make_response(503, "text/plain", "Route table is not populated yet.", close, 11, head_only);
+  } else if (!snap->doc.serve_running) {
+    // The dashboard's answer while Serve is not running (contract §9): nothing can be served.
+    response = http::make_response(503, "text/plain", "Serve is not running: it has no applications.", close, 11,
+                                   head_only);
   } else if (!w_.healthy()) {
     response = http::make_response(503, "text/plain", "Service Unavailable", close, 11, head_only);
   } else if (path == "/-/healthz") {
@@ -746,6 +750,9 @@ awaitable<session::outcome> session::serve_one() {
       if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
           ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
         co_return outcome::close;
+      // A Content-Length over the limit is refused once every field is parsed: the client's
+      // id is known and goes on the 413 and its log line.
+      if (ec == bhttp::error::body_limit) choose_request_id();
       unsigned status = http::status_for_head_error(ec, rq_->head, http::pending(buf_),
                                                     cfg.client.max_header_bytes);
       const std::string body = status == 413 ? too_large_body(cfg.client.max_body_bytes)
@@ -841,8 +848,9 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     std::optional<reason> failure;
     error_code body_ec;
     if (cfg.router.forward_body) {
-      // The router sees the first body_limit bytes as soon as they have arrived.
-      body_ec = co_await read_prebody(cfg.router.body_limit);
+      // The router sees the first body_limit bytes as soon as they have arrived, or what has
+      // arrived after router.body_wait.
+      body_ec = co_await read_prebody(cfg.router.body_limit, cfg.router.body_wait);
       if (!body_ec) {
         std::optional<std::uint64_t> total;
         if (!chunked_in && parser_->content_length() && *parser_->content_length() > rq_->prebody.size())

@@ -1,5 +1,6 @@
 #include "ingressd/topology/topology.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <exception>
@@ -319,6 +320,18 @@ std::optional<app> parse_group(const json& v, const std::string& where, document
   }
   if (const json* fallback = field(v, "fallback_target"))
     a.fallback = parse_target(*fallback, where + ".fallback_target", target_kind::fallback);
+
+  // What the dashboard lists when Serve runs its own HAProxy (ray controller.py,
+  // _get_proxy_target_groups): one group for "/" whose targets are the proxies. Served as it is,
+  // but the apps' routers and replicas are not in it.
+  const bool proxies_only = !a.replicas.empty() && std::all_of(a.replicas.begin(), a.replicas.end(), [](const target& t) {
+    return t.name.starts_with("SERVE_PROXY_ACTOR");
+  });
+  if (proxies_only)
+    doc.warnings.push_back("target group for route '" + a.route_prefix +
+                           "' lists Serve proxies, not replicas: the dashboard of a cluster whose Serve runs its own "
+                           "HAProxy; serve contrib/ray_topology_exporter.py's document (--topology-url) to route "
+                           "through the apps' routers and replicas");
 
   std::unordered_map<std::string_view, std::size_t> seen;
   for (std::size_t i = 0; i < a.replicas.size(); ++i) {

@@ -50,6 +50,9 @@ class child_process {
     posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    // Nothing else of the test's: a fake's listening socket inherited by the child would stay open
+    // after the fake stops, and connects to it would hang in its backlog instead of being refused.
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
     if (posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&fa);
   }

@@ -30,9 +30,10 @@ class proxy {
     d_.stop();
     d_.wait();
   }
-  /// Publishes a topology document (as the watcher would).
+  /// Publishes a topology document (as the watcher would: upstreams that stay keep their state).
   void set_topology(topology::document doc) {
-    d_.set_topology(topology::make_snapshot(std::move(doc), node_ip_, cfg_->topology.local_dial_host, ++gen_));
+    d_.set_topology(topology::make_snapshot(std::move(doc), node_ip_, cfg_->topology.local_dial_host, ++gen_, {},
+                                            d_.current_topology().get()));
     d_.sync();
   }
   std::uint16_t port() const { return d_.port(); }

@@ -151,7 +151,8 @@ TEST(HealthChecker, MarkDownIsCheckedAtOnceAndComesBackAfterRise) {
   ASSERT_TRUE(tr.wait(1));
   EXPECT_EQ(tr.events()[0], std::make_pair(key_of(replica), true));
   EXPECT_TRUE(tr.causes()[0].empty());
-  EXPECT_GE(replica.probe_count() - before, s.rise);
+  // `rise` passed checks (one in flight when the mark came may count as the first).
+  EXPECT_GE(replica.probe_count() - before, s.rise - 1);
   EXPECT_TRUE(hc.is_up(key_of(replica)));
   EXPECT_EQ(tr.events().size(), 1u);  // the mark itself is not reported
 }

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "fakes/admin_client.hpp"
 #include "fakes/http_client.hpp"
 #include "fakes/proxy_fixture.hpp"
 #include "fakes/topology_builder.hpp"
@@ -76,53 +77,13 @@ http_response chat(const testing::proxy& p, const testing::header_list& headers 
   return http_post(loopback, p.port(), "/v1/chat/completions", headers, R"({"stream":false})", 5s);
 }
 
-/// Parsed /metrics: sample line (name + labels, as written) -> value.
-struct scrape {
-  std::string text;
-  std::map<std::string, double> samples;
+using scrape = testing::metrics_scrape;
 
-  double at(const std::string& series) const {
-    auto it = samples.find(series);
-    return it == samples.end() ? -1 : it->second;
-  }
-  bool has(const std::string& series) const { return samples.contains(series); }
-  /// Sum of every sample whose series starts with `prefix`.
-  double sum(const std::string& prefix) const {
-    double s = 0;
-    for (const auto& [k, v] : samples)
-      if (k.rfind(prefix, 0) == 0) s += v;
-    return s;
-  }
-};
+scrape get_metrics(const testing::proxy& p) { return testing::scrape_metrics(p.admin_port()); }
 
-scrape get_metrics(const testing::proxy& p) {
-  auto r = http_get(loopback, p.admin_port(), "/metrics", {}, 5s);
-  scrape s;
-  EXPECT_TRUE(r.complete) << r.error;
-  EXPECT_EQ(r.status, 200u);
-  EXPECT_EQ(r.header("content-type").value_or(""), "text/plain; version=0.0.4");
-  s.text = r.body;
-  std::istringstream in(r.body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const auto sp = line.rfind(' ');
-    if (sp == std::string::npos) continue;
-    const auto v = line.substr(sp + 1);
-    s.samples[line.substr(0, sp)] = v == "+Inf" ? 1e300 : std::stod(v);
-  }
-  return s;
-}
-
-/// Scrapes until `ready` holds (requests are counted as they end, just after the client has
-/// its response), or the deadline passes; returns the last scrape.
 scrape metrics_when(const testing::proxy& p, const std::function<bool(const scrape&)>& ready,
                     std::chrono::milliseconds within = 5s) {
-  const auto deadline = testing::clock::now() + within;
-  for (;;) {
-    auto s = get_metrics(p);
-    if (ready(s) || testing::clock::now() >= deadline) return s;
-    std::this_thread::sleep_for(10ms);
-  }
+  return testing::scrape_until(p.admin_port(), ready, within);
 }
 
 /// A client that sends a request, waits until the replica has it, and resets the connection.
@@ -333,26 +294,8 @@ TEST(Metrics, CountsTruncatedRouterBodies) {
 
 // --- access log -------------------------------------------------------------------------------
 
-std::vector<nlohmann::json> read_log(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << "not JSON: " << line;
-    out.push_back(std::move(j));
-  }
-  return out;
-}
-
-/// Waits (bounded) for the async writer to have flushed `n` lines.
 std::vector<nlohmann::json> wait_log(const std::string& path, std::size_t n) {
-  const auto deadline = testing::clock::now() + 5s;
-  auto lines = read_log(path);
-  while (lines.size() < n && testing::clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
-    lines = read_log(path);
-  }
-  return lines;
+  return testing::wait_json_lines(path, n);
 }
 
 const nlohmann::json* find_by_id(const std::vector<nlohmann::json>& lines, const std::string& id) {
@@ -469,7 +412,7 @@ TEST(Metrics, AccessLogHasOneLinePerRequest) {
     }
   }
   // Stopping the daemon writes nothing more.
-  EXPECT_EQ(read_log(path).size(), 7u);
+  EXPECT_EQ(testing::read_json_lines(path).size(), 7u);
   std::filesystem::remove_all(dir);
 }
 
@@ -493,7 +436,7 @@ TEST(Metrics, AccessLogReopensOnRequest) {
   auto fresh = wait_log(path, 1);
   ASSERT_EQ(fresh.size(), 1u);
   EXPECT_EQ(fresh[0]["path"], "/plain/b");
-  EXPECT_EQ(read_log(path + ".1").size(), 1u);
+  EXPECT_EQ(testing::read_json_lines(path + ".1").size(), 1u);
   std::filesystem::remove_all(dir);
 }
 

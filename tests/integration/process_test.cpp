@@ -8,13 +8,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "fakes/admin_client.hpp"
 #include "fakes/http_client.hpp"
 #include "fakes/process.hpp"
 #include "fakes/topology_builder.hpp"
 #include "ingressd/demo/replica_server.hpp"
+#include "ingressd/demo/router_server.hpp"
 
 namespace ingressd::testing {
 namespace {
@@ -85,25 +88,12 @@ class Process : public ::testing::Test {
     auto pos = body.find("\n" + name + " ");
     return pos == std::string::npos ? -1 : std::stol(body.substr(pos + name.size() + 2));
   }
-  /// Polls `pred` (every 10 ms) until it holds or `timeout` passes; returns its last value.
-  template <class Pred>
-  static bool eventually(Pred pred, clock_type::duration timeout) {
-    const auto deadline = clock_type::now() + timeout;
-    while (!pred()) {
-      if (clock_type::now() >= deadline) return false;
-      std::this_thread::sleep_for(10ms);
-    }
-    return true;
-  }
   static std::size_t count(const std::string& text, const std::string& needle) {
     std::size_t n = 0;
     for (auto pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + needle.size())) ++n;
     return n;
   }
-  nlohmann::json admin_topology() const {
-    auto r = http_get("127.0.0.1", admin_, "/topology", {}, 2s);
-    return nlohmann::json::parse(r.body, nullptr, false);
-  }
+  nlohmann::json admin_topology() const { return testing::admin_topology(admin_); }
 
   std::filesystem::path dir_;
   std::uint16_t port_ = 0, admin_ = 0;
@@ -536,5 +526,169 @@ TEST_F(Process, I3_reload_storm_keeps_streams_applies_last_valid_config_and_free
   EXPECT_EQ(p->wait(5s), 0) << p->output().substr(0, 20000);
 }
 
+
+// --- Topology documents shaped by Ray's models (tests/data/ray/README.md) ----------------------
+
+/// A document of tests/data/ray with every target's port replaced by the port of the fake that
+/// stands for it at that (ip, port); targets without a fake keep theirs (never dialled here).
+std::string ray_fixture(const std::string& name, const std::map<std::pair<std::string, int>, std::uint16_t>& fakes) {
+  std::ifstream in(std::string(INGRESSD_TEST_DATA) + "/ray/" + name);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  auto doc = nlohmann::json::parse(ss.str());
+  auto remap = [&](nlohmann::json& t) {
+    if (auto it = fakes.find({t["ip"].get<std::string>(), t["port"].get<int>()}); it != fakes.end())
+      t["port"] = it->second;
+  };
+  if (doc.contains("target_groups"))
+    for (auto& g : doc["target_groups"]) {
+      for (const char* list : {"targets", "ingress_request_router_targets"})
+        if (g.contains(list))
+          for (auto& t : g[list]) remap(t);
+      if (g.contains("fallback_target") && g["fallback_target"].is_object()) remap(g["fallback_target"]);
+    }
+  return doc.dump();
+}
+
+std::unique_ptr<demo::replica_server> fake_replica(const std::string& ip, const std::string& name) {
+  return std::make_unique<demo::replica_server>(
+      demo::replica_server::options{.name = name, .bind_ip = ip, .port = 0, .token_delay = 1ms, .tokens = 2});
+}
+
+TEST_F(Process, RayFixtureDirectIngressDashboardRoutesThroughTheColocatedRouter) {
+  auto a1 = fake_replica("127.0.0.2", "SERVE_REPLICA::llm#LLMServer#a1");
+  auto b2 = fake_replica("127.0.0.3", "SERVE_REPLICA::llm#LLMServer#b2");
+  auto e1 = fake_replica("127.0.0.2", "SERVE_REPLICA::echo#Echo#e1");
+  demo::router_server r1({.name = "SERVE_REPLICA::llm#LLMRouter#r1", .bind_ip = "127.0.0.2", .port = 0});
+  demo::router_server r2({.name = "SERVE_REPLICA::llm#LLMRouter#r2", .bind_ip = "127.0.0.3", .port = 0});
+  for (auto* r : {&r1, &r2}) r->set_replicas({a1->name(), b2->name()});
+  write("topology.json", ray_fixture("dashboard_direct_ingress.json",
+                                     {{{"127.0.0.2", 30001}, a1->port()}, {{"127.0.0.3", 30001}, b2->port()},
+                                      {{"127.0.0.2", 30002}, e1->port()}, {{"127.0.0.2", 30101}, r1.port()},
+                                      {{"127.0.0.3", 30101}, r2.port()}}));
+  std::string out;
+  ASSERT_EQ(run_to_exit({"--topology-file", path("topology.json"), "--check-config"}, &out), 0) << out;
+  auto p = start();
+
+  std::set<std::string> served;
+  for (int i = 0; i < 4; ++i) {
+    auto r = http_post("127.0.0.1", port_, "/v1/chat/completions", {}, R"({"stream":false})", 5s);
+    ASSERT_EQ(r.status, 200u) << r.body << p->output();
+    served.insert(r.header("x-served-by").value_or(""));
+  }
+  EXPECT_EQ(served, (std::set<std::string>{a1->name(), b2->name()}));  // the router's picks, on both nodes
+  EXPECT_EQ(r1.route_requests().size(), 4u);  // only the co-located router is asked
+  EXPECT_EQ(r2.route_requests().size(), 0u);
+  EXPECT_EQ(http_get("127.0.0.1", port_, "/echo/hi", {}, 5s).header("x-served-by").value_or(""), e1->name());
+  EXPECT_EQ(nlohmann::json::parse(http_get("127.0.0.1", port_, "/-/routes", {}, 5s).body),
+            (nlohmann::json{{"/", "llm"}, {"/echo", "echo"}}));
+  const auto topo = admin_topology();
+  ASSERT_EQ(topo["apps"][0]["router_pool"].size(), 1u);
+  EXPECT_EQ(topo["apps"][0]["router_pool"][0]["name"], r1.name());
+  EXPECT_EQ(topo["apps"][0]["router_pool"][0]["colocated"], true);
+  EXPECT_EQ(admin_metric("ingressd_topology_errors_total"), 0);
+}
+
+TEST_F(Process, RayFixtureHaproxyModeDashboardServesThroughTheProxiesAndSaysWhy) {
+  // The dashboard of a cluster whose Serve runs its own HAProxy lists the proxies only: ingressd
+  // can forward to them, and says at startup that the exporter's document is what it needs.
+  auto n2 = fake_replica("127.0.0.2", "SERVE_PROXY_ACTOR-n2");
+  auto n3 = fake_replica("127.0.0.3", "SERVE_PROXY_ACTOR-n3");
+  write("topology.json", ray_fixture("dashboard_haproxy_mode.json",
+                                     {{{"127.0.0.2", 8000}, n2->port()}, {{"127.0.0.3", 8000}, n3->port()}}));
+  auto p = start();
+  auto r = http_get("127.0.0.1", port_, "/v1/models", {}, 5s);
+  ASSERT_EQ(r.status, 200u) << p->output();
+  EXPECT_EQ(r.header("x-served-by").value_or("").rfind("SERVE_PROXY_ACTOR-", 0), 0u);
+  const auto log = p->output();
+  EXPECT_NE(log.find("lists Serve proxies, not replicas"), std::string::npos) << log;
+  EXPECT_NE(log.find("contrib/ray_topology_exporter.py"), std::string::npos) << log;
+  EXPECT_NE(log.find("ignored gRPC target group"), std::string::npos) << log;
+}
+
+TEST_F(Process, RayFixtureGrpcGroupsAreSkippedAndTheHttpAppServed) {
+  auto a1 = fake_replica("127.0.0.2", "SERVE_REPLICA::llm#LLMServer#a1");
+  demo::router_server r1({.name = "SERVE_REPLICA::llm#LLMRouter#r1", .bind_ip = "127.0.0.2", .port = 0});
+  r1.set_behaviour(demo::router_behaviour::respond(503, R"({"detail":"No replicas available."})"));
+  write("topology.json", ray_fixture("exporter_grpc_groups.json",
+                                     {{{"127.0.0.2", 30001}, a1->port()}, {{"127.0.0.2", 30101}, r1.port()}}));
+  auto p = start();
+  // ingress_router_fallback: true — a failing router does not fail the request.
+  auto r = http_post("127.0.0.1", port_, "/v1/chat/completions", {}, R"({"stream":false})", 5s);
+  ASSERT_EQ(r.status, 200u) << r.body << p->output();
+  EXPECT_EQ(r.header("x-served-by").value_or(""), a1->name());
+  EXPECT_EQ(nlohmann::json::parse(http_get("127.0.0.1", port_, "/-/routes", {}, 5s).body),
+            (nlohmann::json{{"/", "llm"}}));
+  EXPECT_EQ(count(p->output(), "ignored gRPC target group"), 2u);
+}
+
+TEST_F(Process, RayFixtureAppScaledToZeroGoesToItsFallbackProxy) {
+  auto e1 = fake_replica("127.0.0.2", "SERVE_REPLICA::echo#Echo#e1");
+  auto fallback = fake_replica("127.0.0.2", "SERVE_PROXY_ACTOR-fallback");
+  write("topology.json", ray_fixture("exporter_scaled_to_zero.json",
+                                     {{{"127.0.0.2", 30002}, e1->port()}, {{"127.0.0.2", 8500}, fallback->port()}}));
+  auto p = start();
+  auto r = http_post("127.0.0.1", port_, "/v1/chat/completions", {}, R"({"stream":false})", 5s);
+  ASSERT_EQ(r.status, 200u) << r.body << p->output();
+  EXPECT_EQ(r.header("x-served-by").value_or(""), fallback->name());
+  EXPECT_EQ(http_get("127.0.0.1", port_, "/echo/x", {}, 5s).header("x-served-by").value_or(""), e1->name());
+  EXPECT_EQ(http_get("127.0.0.1", port_, "/-/healthz", {}, 5s).status, 200u);
+  EXPECT_EQ(admin_topology()["apps"][0]["fallback"]["name"], fallback->name());
+}
+
+TEST_F(Process, RayFixtureServeNotStartedIsAValidEmptyTopology) {
+  write("topology.json", ray_fixture("dashboard_serve_not_started.json", {}));
+  std::string out;
+  ASSERT_EQ(run_to_exit({"--topology-file", path("topology.json"), "--check-config"}, &out), 0) << out;
+  auto p = start();
+  auto health = http_get("127.0.0.1", port_, "/-/healthz", {}, 5s);
+  EXPECT_EQ(health.status, 503u);
+  EXPECT_EQ(health.body, "Serve is not running: it has no applications.");
+  EXPECT_EQ(http_get("127.0.0.1", port_, "/-/routes", {}, 5s).status, 503u);
+  EXPECT_EQ(admin_topology()["serve_running"], false);
+  EXPECT_EQ(admin_metric("ingressd_topology_errors_total"), 0);
+  EXPECT_NE(p->output().find("Serve is not running"), std::string::npos) << p->output();
+}
+
+TEST_F(Process, OperatorMessagesSayWhy) {
+  std::string out;
+  // A topology file that cannot be read says why.
+  EXPECT_EQ(run_to_exit({"--topology-file", path("missing.json")}, &out), 2);
+  EXPECT_NE(out.find("No such file or directory"), std::string::npos) << out;
+  EXPECT_EQ(run_to_exit({"--topology-file", dir_.string()}, &out), 2);
+  EXPECT_NE(out.find("Is a directory"), std::string::npos) << out;
+  // --demo does not claim its node IP came from --node-ip.
+  EXPECT_EQ(run_to_exit({"--demo", "--check-config"}, &out), 0) << out;
+  EXPECT_NE(out.find("node ip 127.0.0.1 (the demo cluster's node)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("--node-ip"), std::string::npos) << out;
+}
+
+TEST_F(Process, PassiveHealthMarksDownAtOnceAndTheActiveChecksBringItBack) {
+  // health.interval is an hour: only a mark by passive health makes the checker look again.
+  auto a = fake_replica("127.0.0.1", "replica-a");
+  auto b = fake_replica("127.0.0.1", "replica-b");
+  const std::uint16_t b_port = b->port();
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(*a), target_of(*b)}).build()));
+  auto p = start("health:\n  interval: 1h\n  fast_interval: 50ms\n  error_limit: 2\n", {}, 1);
+  ASSERT_TRUE(eventually([&] { return b->probe_count() >= 1; }, 5s));  // the first check is done
+  b->stop();  // its connects are refused from now on
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(http_get("127.0.0.1", port_, "/x", {}, 5s).status, 200u) << i;
+  auto entry = testing::topology_upstream(admin_topology(), "llm", "replica-b");
+  ASSERT_EQ(entry["health"], "down") << p->output();
+  EXPECT_NE(entry["down_cause"].get<std::string>().find("2 consecutive connection errors"), std::string::npos);
+  EXPECT_NE(p->output().find("replica 127.0.0.1:" + std::to_string(b_port) + " is DOWN: 2 consecutive connection errors"),
+            std::string::npos)
+      << p->output();
+
+  // Back on its port: the checker, told of the mark, checks it every fast_interval until it rises.
+  b = std::make_unique<demo::replica_server>(
+      demo::replica_server::options{.name = "replica-b", .bind_ip = "127.0.0.1", .port = b_port, .token_delay = 1ms, .tokens = 2});
+  ASSERT_TRUE(eventually([&] { return testing::topology_upstream(admin_topology(), "llm", "replica-b")["health"] == "up"; },
+                         10s))
+      << p->output();
+  std::set<std::string> served;
+  for (int i = 0; i < 4; ++i) served.insert(http_get("127.0.0.1", port_, "/x", {}, 5s).header("x-served-by").value_or(""));
+  EXPECT_TRUE(served.contains("replica-b"));
+}
 }  // namespace
 }  // namespace ingressd::testing

@@ -200,5 +200,42 @@ TEST(Snapshot, Counts) {
   EXPECT_EQ(s->apps_with_routers(), 1u);
 }
 
+TEST(Snapshot, EachAppHasItsFallbackTheGroupsOwnFirst) {
+  auto d = sample();
+  d.apps[0].fallback = t("10.0.0.1", 8500, "group-proxy");
+  auto s = make_snapshot(d, "10.0.0.5", "", 1);
+  ASSERT_TRUE(s->apps[0].fallback.has_value());
+  EXPECT_EQ(s->apps[0].fallback->key, "10.0.0.1:8500");
+  ASSERT_TRUE(s->apps[1].fallback.has_value());
+  EXPECT_EQ(s->apps[1].fallback->key, "10.0.0.1:8000");  // fallback_targets.HTTP
+  EXPECT_EQ(s->apps[1].fallback->state, s->fallback->state);
+  d.http_fallback.reset();
+  EXPECT_FALSE(make_snapshot(d, "10.0.0.5", "", 2)->apps[1].fallback.has_value());
+}
+
+TEST(Snapshot, UpstreamStateIsOnePerKeyAndOutlivesATopologyChange) {
+  // In-flight counts and health are node-wide and belong to the upstream, not to one document:
+  // a replica that stays keeps them; one that is new starts up and idle.
+  auto d = sample();
+  d.apps[1].replicas.push_back(t("10.0.0.5", 30001, "rep-a-again"));  // the same address in two apps
+  auto first = make_snapshot(d, "10.0.0.5", "", 1);
+  EXPECT_EQ(first->apps[0].replicas[0].state, first->apps[1].replicas[1].state);
+  EXPECT_EQ(first->states.size(), 5u);  // 4 replica addresses + the fallback
+  first->apps[0].replicas[0].state->in_flight = 3;
+  first->apps[0].replicas[0].state->up = false;
+
+  auto d2 = sample();
+  d2.apps[0].replicas.push_back(t("10.0.0.9", 30001, "rep-new"));
+  auto second = make_snapshot(d2, "10.0.0.5", "", 2, {}, first.get());
+  EXPECT_EQ(second->apps[0].replicas[0].state, first->apps[0].replicas[0].state);
+  EXPECT_EQ(second->apps[0].replicas[0].state->in_flight, 3u);
+  EXPECT_FALSE(second->apps[0].replicas[0].state->up);
+  const auto* fresh = second->apps[0].replicas[3].state;
+  EXPECT_TRUE(fresh->up);
+  EXPECT_EQ(fresh->in_flight, 0u);
+  EXPECT_EQ(make_snapshot(d2, "10.0.0.5", "", 3)->apps[0].replicas[0].state->in_flight, 0u);  // no previous
+  for (const auto& r : second->apps[0].router_pool) EXPECT_EQ(r.state, nullptr);  // routers have none
+}
+
 }  // namespace
 }  // namespace ingressd::topology

@@ -108,7 +108,35 @@ TEST(TopologyParse, HaproxyModeDashboardProxyGroup) {
   EXPECT_EQ(d.apps[0].route_prefix, "/");
   EXPECT_EQ(d.apps[0].replicas.size(), 2u);
   EXPECT_TRUE(d.apps[0].routers.empty());
-  EXPECT_TRUE(d.warnings.empty());
+  // Served as it is, with one line that says what the document lacks and what to use instead.
+  ASSERT_EQ(d.warnings.size(), 1u);
+  EXPECT_NE(d.warnings[0].find("lists Serve proxies, not replicas"), std::string::npos) << d.warnings[0];
+}
+
+TEST(TopologyParse, ServeNotRunningIsValidAndEmpty) {
+  // ray schema.py ServeInstanceDetails.get_empty_schema_dict(): what the dashboard answers while
+  // no Serve controller runs.
+  const document d = parse_ok(R"({"controller_info": {}, "proxies": {}, "applications": {}, "target_capacity": null})");
+  EXPECT_FALSE(d.serve_running);
+  EXPECT_TRUE(d.apps.empty());
+  EXPECT_EQ(parse_ok(to_json(d)), d);
+  // Without any ServeInstanceDetails key, a missing target_groups is still an error.
+  EXPECT_NE(parse_fail(R"({"target_group": []})").find("target_groups: missing required field"), std::string::npos);
+}
+
+TEST(TopologyParse, GroupFallbackTarget) {
+  const document d = parse_ok(R"({"target_groups": [
+      {"app_name": "llm", "route_prefix": "/", "protocol": "HTTP", "targets": [],
+       "fallback_target": {"ip": "10.0.0.1", "port": 8500, "instance_id": "i-head", "name": "SERVE_PROXY_ACTOR-fallback"}},
+      {"app_name": "b", "route_prefix": "/b", "protocol": "HTTP", "targets": [], "fallback_target": null}]})");
+  ASSERT_TRUE(d.apps[0].fallback.has_value());
+  EXPECT_EQ(*d.apps[0].fallback, (target{"10.0.0.1", 8500, "i-head", "SERVE_PROXY_ACTOR-fallback"}));
+  EXPECT_FALSE(d.apps[1].fallback.has_value());
+  EXPECT_EQ(parse_ok(to_json(d)), d);
+  EXPECT_NE(parse_fail(R"({"target_groups": [{"route_prefix": "/", "protocol": "HTTP", "targets": [],
+                                              "fallback_target": {"ip": "x", "port": 1, "name": "f"}}]})")
+                .find("target_groups[0].fallback_target.ip"),
+            std::string::npos);
 }
 
 TEST(TopologyParse, FallbackOnly) {

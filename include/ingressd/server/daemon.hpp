@@ -69,7 +69,8 @@ class daemon {
   int wait();
 
  private:
-  void mark(const std::string& key, bool up, std::string cause, bool passive);
+  /// Records `key` up or down (with why); true when that changed its state.
+  bool mark(const std::string& key, bool up, std::string cause, bool passive);
   struct impl;
   std::unique_ptr<impl> impl_;
 };
