@@ -382,6 +382,28 @@ TEST(TopologySource, DashboardChangeAppliedOnNextPollAndSameBodyIsSilent) {
   EXPECT_EQ(rec.error_count(), 0u);
 }
 
+TEST(TopologySource, DashboardAfterServeShutdownDeliversTheEmptyTopologyNotAnError) {
+  // `serve shutdown`: the dashboard answers Ray's empty ServeInstanceDetails (no target_groups).
+  // That is a topology (no applications) replacing the stale one, not a failed poll.
+  testing::fake_dashboard dash({.body = doc_json(30001)});
+  io_thread io;
+  recorder rec;
+  auto src = make_dashboard_source(io.ioc(), dash.url(), 50ms, 1s, rec.callbacks());
+  src->start();
+  ASSERT_TRUE(rec.wait_docs(1, 2s));
+  EXPECT_TRUE(rec.doc(0).serve_running);
+  dash.set_body(test_file("ray/dashboard_serve_not_started.json"));
+  ASSERT_TRUE(rec.wait_docs(2, 2s));
+  EXPECT_FALSE(rec.doc(1).serve_running);
+  EXPECT_TRUE(rec.doc(1).apps.empty());
+  const auto served = dash.served_count();
+  ASSERT_TRUE(dash.wait_for_requests(served + 3, 3s));  // polls keep coming, each one fine
+  EXPECT_EQ(rec.error_count(), 0u);
+  EXPECT_EQ(rec.doc_count(), 2u);
+  src->stop();
+  EXPECT_TRUE(io.drains_within(1s));
+}
+
 TEST(TopologySource, DashboardServerErrorThenRecovery) {
   testing::fake_dashboard dash({.body = doc_json(30001)});
   io_thread io;
