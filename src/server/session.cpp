@@ -340,20 +340,26 @@ awaitable<session::outcome> session::body_error(error_code ec) {
   co_return co_await respond(http::make_response(400, "text/plain", "Bad Request", true), true);
 }
 
+bool session::body_from_buffer(error_code& ec) {
+  ec = {};
+  if (buf_.size() == 0) return false;
+  const std::size_t used = http::put_buffered(*parser_, buf_, ec);
+  if (ec != bhttp::error::need_more && (ec || used > 0 || parser_->is_done())) return true;
+  ec = {};
+  if (used > 0) return true;
+  // No progress on what is buffered: a chunk line Beast cannot decide is a bad request, not one
+  // to wait for (it waited until body_timeout, then answered 408).
+  if (parser_->chunked() && http::malformed_chunk_line(http::pending(buf_)))
+    ec = bhttp::error::bad_chunk_extension;
+  else if (buf_.size() >= http::body_read_cap(cfg().client.max_header_bytes))  // A10, A11
+    ec = bhttp::error::buffer_overflow;
+  return static_cast<bool>(ec);
+}
+
 awaitable<error_code> session::read_body_some() {
   const std::size_t cap = http::body_read_cap(cfg().client.max_header_bytes);  // A10, A11
   for (;;) {
-    if (buf_.size() > 0) {
-      error_code ec;
-      const std::size_t used = http::put_buffered(*parser_, buf_, ec);
-      if (ec != bhttp::error::need_more && (ec || used > 0 || parser_->is_done())) co_return ec;
-      if (used > 0) co_return error_code{};
-      // No progress on what is buffered: a chunk line Beast cannot decide is a bad request, not
-      // one to wait for (it waited until body_timeout, then answered 408).
-      if (parser_->chunked() && http::malformed_chunk_line(http::pending(buf_)))
-        co_return error_code(bhttp::error::bad_chunk_extension);
-      if (buf_.size() >= cap) co_return error_code(bhttp::error::buffer_overflow);
-    }
+    if (error_code settled; body_from_buffer(settled)) co_return settled;
     // As Beast sizes its reads: what the buffer has room for, 512 bytes to 64 KiB.
     const std::size_t room =
         std::min(cap - buf_.size(), std::clamp<std::size_t>(buf_.capacity() - buf_.size(), 512, 64 * 1024));
@@ -394,7 +400,8 @@ awaitable<error_code> session::read_prebody(std::size_t cap, std::optional<clock
     } else {
       arm(cfg.client.body_timeout, phase::body);
     }
-    error_code ec = co_await read_body_some();
+    error_code ec;
+    if (!body_from_buffer(ec)) ec = co_await read_body_some();
     if (ec == bhttp::error::need_buffer) ec = {};
     rq_->prebody.resize(old + room - body.size);
     if (timed_out(phase::body_wait) && !aborted_) break;

@@ -89,6 +89,10 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// Reads request body bytes into the parser's body window until it makes progress: Beast's
   /// async_read_some for a request body, plus a check Beast lacks (http::malformed_chunk_line).
   awaitable<error_code> read_body_some();
+  /// read_body_some's first step, without I/O: parses what buf_ holds. True when that settled
+  /// the read (progress, done, or an error in `ec`); false when bytes must be read. Called inline
+  /// first, since the body nearly always came with the head: no coroutine frame for it.
+  bool body_from_buffer(error_code& ec);
   /// A connection to replica `ep` failed (refused, timed out, reset before a response head):
   /// health.error_limit of them in a row mark it down (passive health, contract §9).
   void note_upstream_error(const topology::endpoint& ep, std::string_view what);
