@@ -115,6 +115,15 @@ std::string admin_server::metrics_text() const {
     down = h_.down();
     in.replica_up = [&down](const std::string& key) { return !down->contains(key); };
   }
+  std::unordered_map<std::string, std::pair<bool, std::uint32_t>> state;
+  if (h_.replica_state) {
+    state = h_.replica_state();
+    in.replica_in_flight = [&state](const std::string& key) {
+      const auto it = state.find(key);
+      return it == state.end() ? std::uint32_t{0} : it->second.second;
+    };
+  }
+  in.process = metrics::read_process_stats();
   if (h_.shared) {
     in.topology_updates = h_.shared->topology_updates.load(std::memory_order_relaxed);
     in.topology_errors = h_.shared->topology_errors.load(std::memory_order_relaxed);
@@ -122,6 +131,9 @@ std::string admin_server::metrics_text() const {
     in.config_errors = h_.shared->config_errors.load(std::memory_order_relaxed);
     in.config_generations = h_.shared->config_generations.load(std::memory_order_relaxed);
     in.accept_errors = h_.shared->accept_errors.load(std::memory_order_relaxed);
+    in.draining = h_.shared->draining.load(std::memory_order_relaxed);
+    if (const auto ms = h_.shared->topology_current_ms.load(std::memory_order_relaxed); ms >= 0)
+      in.topology_last_success = static_cast<double>(ms) / 1000.0;
     if (h_.shared->access_log) in.access_log_dropped = h_.shared->access_log->dropped();
   }
   return metrics::render(in);

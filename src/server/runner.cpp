@@ -232,7 +232,8 @@ int run(int argc, const char* const* argv) {
       [&](std::string error) {
         spdlog::error("topology rejected, keeping the last good one: {}", error);
         d.count_topology_error();
-      }};
+      },
+      [&] { d.note_topology_current(); }};
   std::unique_ptr<topology::source> topo_source;
   if (!cfg->topology.file.empty())
     topo_source = topology::make_file_source(main_ioc, cfg->topology.file, callbacks, doc);
@@ -242,7 +243,10 @@ int run(int argc, const char* const* argv) {
   else if (!cfg->topology.url.empty())
     topo_source = topology::make_http_source(main_ioc, cfg->topology.url, cfg->topology.poll_interval,
                                              cfg->topology.timeout, callbacks);
-  if (topo_source) topo_source->start();
+  if (topo_source) {
+    d.expect_topology_source();
+    topo_source->start();
+  }
 
   if (cl.demo) {
     auto base = fmt::format("http://127.0.0.1:{}", d.port());

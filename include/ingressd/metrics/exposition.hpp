@@ -4,9 +4,11 @@
 // than through single-writer counters and worker_metrics::visit.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ingressd/metrics/process.hpp"
 #include "ingressd/metrics/request_metrics.hpp"
 #include "ingressd/topology/snapshot.hpp"
 
@@ -21,6 +23,14 @@ struct scrape_input {
   const topology::snapshot* topology = nullptr;
   /// Health of a replica by endpoint key; unset = every replica of the topology is up.
   std::function<bool(const std::string& key)> replica_up;
+  /// ingressd_replica_in_flight: requests this daemon has at a replica now, by endpoint key;
+  /// unset = the family has no samples.
+  std::function<std::uint32_t(const std::string& key)> replica_in_flight;
+  /// ingressd_topology_last_success_timestamp_seconds: Unix time at which the topology source
+  /// last confirmed the topology in force (0: not yet); nullopt when there is no source to poll
+  /// (--demo), so that no staleness alert can fire there.
+  std::optional<double> topology_last_success;
+  bool draining = false;                 ///< ingressd_draining
   std::uint64_t topology_updates = 0;    ///< ingressd_topology_updates_total
   std::uint64_t topology_errors = 0;     ///< ingressd_topology_errors_total
   std::uint64_t config_reloads = 0;      ///< ingressd_config_reloads_total
@@ -28,6 +38,8 @@ struct scrape_input {
   std::uint64_t config_generations = 0;  ///< ingressd_config_generations
   std::uint64_t accept_errors = 0;       ///< ingressd_accept_errors_total
   std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
+  /// The process_* families (descriptors, memory, CPU); nullopt leaves them out.
+  std::optional<process_stats> process;
 };
 
 std::string render(const scrape_input& in);
