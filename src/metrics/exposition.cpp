@@ -196,7 +196,8 @@ std::string render(const scrape_input& in) {
            "Unix time at which the topology source last confirmed the topology in force: a fetch or file check "
            "that found a valid document, changed or not (0: none yet).",
            "gauge");
-  if (in.topology_last_success) w.sample("ingressd_topology_last_success_timestamp_seconds", {}, *in.topology_last_success);
+  if (in.topology_last_success)
+    w.sample("ingressd_topology_last_success_timestamp_seconds", {}, *in.topology_last_success);
   w.family("ingressd_config_reloads_total", "SIGHUP reloads applied.", "counter");
   w.sample("ingressd_config_reloads_total", {}, in.config_reloads);
   w.family("ingressd_config_reload_errors_total", "SIGHUP reloads rejected (the running config stays).",
