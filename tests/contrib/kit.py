@@ -51,6 +51,8 @@ class Daemon:
         self.close()
 
     def close(self):
+        if self.log.closed:
+            return
         if self.proc.poll() is None:
             self.proc.terminate()  # a drain: the tests set drain.min_period to 0
             try:
@@ -108,8 +110,12 @@ class Demo(Daemon):
                     raise SystemExit(f"FAIL: ingressd --demo printed no ports in {timeout}s: {printed!r}\n{out}")
                 printed += chunk
         text = printed.decode()
-        self.port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1/models", text).group(1))
-        self.admin_port = int(re.search(r"http://127\.0\.0\.1:(\d+)/metrics", text).group(1))
+        port = re.search(r"http://127\.0\.0\.1:(\d+)/v1/models", text)
+        admin = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", text)
+        if not port or not admin:
+            self.close()
+            raise SystemExit(f"FAIL: no ports in the demo's printout: {text}")
+        self.port, self.admin_port = int(port.group(1)), int(admin.group(1))
 
 
 def free_port():
