@@ -217,6 +217,9 @@ int run(int argc, const char* const* argv) {
   };
   wait_signal();
 
+  // Every mode but the demo has exactly one topology source (config validation): from the first
+  // scrape on, /metrics says when it last confirmed the topology (0 until its first check).
+  if (!cl.demo) d.expect_topology_source();
   try {
     d.start();
   } catch (const std::exception& e) {
@@ -243,10 +246,7 @@ int run(int argc, const char* const* argv) {
   else if (!cfg->topology.url.empty())
     topo_source = topology::make_http_source(main_ioc, cfg->topology.url, cfg->topology.poll_interval,
                                              cfg->topology.timeout, callbacks);
-  if (topo_source) {
-    d.expect_topology_source();
-    topo_source->start();
-  }
+  if (topo_source) topo_source->start();
 
   if (cl.demo) {
     auto base = fmt::format("http://127.0.0.1:{}", d.port());

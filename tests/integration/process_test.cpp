@@ -274,7 +274,10 @@ TEST_F(Process, OperatorMetricsFollowTheProcess) {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   };
 
-  // The file source confirms the topology at every check (250 ms): the timestamp moves on.
+  // The file source confirms the topology at every check (250 ms): the timestamp moves on. Its
+  // first check runs just after the listeners open, and until then the gauge is 0.
+  ASSERT_TRUE(eventually([&] { return value(scrape(), "ingressd_topology_last_success_timestamp_seconds") > 0; },
+                         3s));
   auto body = scrape();
   const double first = value(body, "ingressd_topology_last_success_timestamp_seconds");
   EXPECT_GT(first, now() - 60) << body;
