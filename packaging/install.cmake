@@ -3,6 +3,8 @@
 #
 # Installs:
 #   <sysconfdir>/ingressd/ingressd.example.yaml   never ingressd.yaml: a real config stays untouched
+#   <sysconfdir>/logrotate.d/ingressd             as is: it names /var/log/ingressd, the unit's
+#                                                 LogsDirectory=, whatever the prefix
 #   <prefix>/lib/systemd/system/ingressd.service  with ExecStart, --config and Documentation pointing
 #                                                 at this install's binary, config and docs
 #
@@ -35,6 +37,8 @@ _ingressd_full_dir(_unitdir "lib/systemd/system" LIBDIR)
 
 file(INSTALL DESTINATION "${_sysconfdir}/ingressd" TYPE FILE
      FILES "${INGRESSD_SOURCE_DIR}/config/ingressd.example.yaml")
+file(INSTALL DESTINATION "${_sysconfdir}/logrotate.d" TYPE FILE
+     FILES "${INGRESSD_SOURCE_DIR}/packaging/logrotate/ingressd")
 
 # The unit in the source tree is the one for prefix /usr (Debian packages, the container image);
 # other prefixes get the same unit with their own paths. Placeholders first, so that a prefix which

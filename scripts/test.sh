@@ -8,8 +8,10 @@
 # all but the first step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# systemd: only for systemd-analyze (the unit is verified in ctest), never started
-scripts/deps.sh systemd
+# Tools ctest runs, none of them started as a service: systemd for systemd-analyze (the unit),
+# prometheus for promtool (the rules), logrotate (the logrotate snippet), help2man (the man page
+# held to --help), python3-yaml (the tests that read the rules)
+scripts/deps.sh systemd prometheus logrotate help2man python3-yaml
 jobs=$(nproc)
 run_suite() {
   local preset=$1

@@ -1,6 +1,7 @@
 #include "ingressd/metrics/exposition.hpp"
 
 #include <array>
+#include <chrono>
 #include <map>
 #include <set>
 
@@ -9,6 +10,13 @@
 namespace ingressd::metrics {
 
 namespace {
+
+/// One router of an app, summed over the workers.
+struct router_sum {
+  std::array<std::uint64_t, attempt_result_count> results{};
+  histogram_data latency{router_buckets()};
+  bool colocated = false;
+};
 
 struct app_sum {
   app_sum() {
@@ -21,7 +29,8 @@ struct app_sum {
   std::array<histogram_data, router_outcome_count> router_latency;
   std::array<std::uint64_t, router_outcome_count> failures{};
   std::uint64_t truncations = 0;
-  std::map<std::string, std::array<std::uint64_t, attempt_result_count>> attempts;  // by router label
+  std::array<std::uint64_t, reason_count> generated{};
+  std::map<std::string, router_sum> routers;  // by router label
   bool routed = false;  ///< the app has a router pool (now)
 };
 
@@ -35,9 +44,12 @@ void add_block(app_sum& s, const app_metrics& b) {
     s.failures[i] += b.router_failures[i].get();
   }
   s.truncations += b.truncations.get();
+  for (std::size_t i = 0; i < reason_count; ++i) s.generated[i] += b.generated[i].get();
   for (const auto& r : b.routers()) {
-    auto& a = s.attempts[r->label];
-    for (std::size_t i = 0; i < attempt_result_count; ++i) a[i] += r->results[i].get();
+    auto& a = s.routers[r->label];
+    for (std::size_t i = 0; i < attempt_result_count; ++i) a.results[i] += r->results[i].get();
+    a.latency.add(r->latency);
+    a.colocated = r->colocated;
   }
   if (!b.routers().empty()) s.routed = true;
 }
@@ -71,6 +83,18 @@ std::string render(const scrape_input& in) {
     if (s.other_codes) w.sample("ingressd_requests_total", {{"app", app}, {"code", "other"}}, s.other_codes);
   }
 
+  w.family("ingressd_generated_responses_total",
+           "Responses ingressd generated itself, by app and the X-Serve-Reason they carried.", "counter");
+  for (const auto& [app, s] : apps)
+    for (std::size_t i = 0; i < reason_count; ++i) {
+      // Zeros too, so that rate() sees the first one; but no_route only ever answers requests
+      // that matched no app (app=""), and the other reasons only come with an app.
+      const bool possible = app.empty() == (static_cast<reason>(i) == reason::no_route);
+      if (s.generated[i] > 0 || (possible && !app.empty()))
+        w.sample("ingressd_generated_responses_total", {{"app", app}, {"reason", to_string(static_cast<reason>(i))}},
+                 s.generated[i]);
+    }
+
   w.family("ingressd_request_duration_seconds", "Time from the request head to the end of the response.",
            "histogram");
   for (const auto& [app, s] : apps)
@@ -94,10 +118,19 @@ std::string render(const scrape_input& in) {
            "Router calls by router and result (ok: 200 reply, no_reply: none in time, non_200: other status).",
            "counter");
   for (const auto& [app, s] : apps)
-    for (const auto& [router, counts] : s.attempts)
+    for (const auto& [router, r] : s.routers)
       for (std::size_t i = 0; i < attempt_result_count; ++i)
         w.sample("ingressd_router_attempts_total",
-                 {{"app", app}, {"router", router}, {"result", to_string(static_cast<attempt_result>(i))}}, counts[i]);
+                 {{"app", app}, {"router", router}, {"result", to_string(static_cast<attempt_result>(i))}},
+                 r.results[i]);
+
+  w.family("ingressd_router_attempt_latency_seconds",
+           "Time of one router call, reply or failure, by router and whether it is on this node (colocated).",
+           "histogram");
+  for (const auto& [app, s] : apps)
+    for (const auto& [router, r] : s.routers)
+      w.histogram("ingressd_router_attempt_latency_seconds",
+                  {{"app", app}, {"router", router}, {"colocated", r.colocated ? "true" : "false"}}, r.latency);
 
   w.family("ingressd_router_failures_total", "Routing decisions that failed, by reason.", "counter");
   for (const auto& [app, s] : apps)
@@ -149,6 +182,12 @@ std::string render(const scrape_input& in) {
              {{"app", a.name}, {"replica", r.name}, {"cause", "connection_errors"}},
              r.state->downs_by_errors.load(std::memory_order_relaxed));
   });
+  w.family("ingressd_replica_in_flight", "Requests this daemon has at the replica now (all worker threads).",
+           "gauge");
+  each_replica([&](const topology::app_view& a, const topology::endpoint& r) {
+    w.sample("ingressd_replica_in_flight", {{"app", a.name}, {"replica", r.name}},
+             std::uint64_t{r.state->in_flight.load(std::memory_order_relaxed)});
+  });
 
   w.family("ingressd_active_connections", "Open client connections.", "gauge");
   w.sample("ingressd_active_connections", {}, in.active_connections);
@@ -160,6 +199,18 @@ std::string render(const scrape_input& in) {
   w.family("ingressd_topology_errors_total", "Topology documents or fetches rejected (the last good one stays).",
            "counter");
   w.sample("ingressd_topology_errors_total", {}, in.topology_errors);
+  w.family("ingressd_topology_last_update_timestamp_seconds",
+           "Unix time at which the topology in force was applied (its last change; /topology last_update).",
+           "gauge");
+  if (in.topology)
+    w.sample("ingressd_topology_last_update_timestamp_seconds", {},
+             std::chrono::duration<double>(in.topology->updated.time_since_epoch()).count());
+  w.family("ingressd_topology_last_success_timestamp_seconds",
+           "Unix time at which the topology source last confirmed the topology in force: a fetch or file check "
+           "that found a valid document, changed or not (0: none yet).",
+           "gauge");
+  if (in.topology_last_success)
+    w.sample("ingressd_topology_last_success_timestamp_seconds", {}, *in.topology_last_success);
   w.family("ingressd_config_reloads_total", "SIGHUP reloads applied.", "counter");
   w.sample("ingressd_config_reloads_total", {}, in.config_reloads);
   w.family("ingressd_config_reload_errors_total", "SIGHUP reloads rejected (the running config stays).",
@@ -178,6 +229,9 @@ std::string render(const scrape_input& in) {
   w.family("ingressd_access_log_dropped_total", "Access log lines dropped because the log queue was full.",
            "counter");
   w.sample("ingressd_access_log_dropped_total", {}, in.access_log_dropped);
+  w.family("ingressd_draining", "1 once SIGTERM or SIGINT has started the drain, else 0.", "gauge");
+  w.sample("ingressd_draining", {}, std::uint64_t{in.draining ? 1u : 0u});
+  if (in.process) render_process(w, *in.process);
   return std::move(w).str();
 }
 

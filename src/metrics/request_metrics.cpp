@@ -109,7 +109,7 @@ std::vector<app_metrics*> worker_metrics::apply(const topology::snapshot& snap) 
       std::unique_ptr<router_slot> slot;
       for (auto& old : b->routers_)
         if (old && old->key == ep.key && old->label == label) slot = std::move(old);
-      if (!slot) slot = std::make_unique<router_slot>(ep.key, label);
+      if (!slot) slot = std::make_unique<router_slot>(ep.key, label, ep.colocated);
       slots.push_back(std::move(slot));
     }
   }

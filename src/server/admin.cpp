@@ -111,6 +111,7 @@ std::string admin_server::metrics_text() const {
   }
   auto snap = h_.topology ? h_.topology() : nullptr;
   in.topology = snap.get();
+  in.process = metrics::read_process_stats();
   if (h_.shared) {
     in.topology_updates = h_.shared->topology_updates.load(std::memory_order_relaxed);
     in.topology_errors = h_.shared->topology_errors.load(std::memory_order_relaxed);
@@ -118,6 +119,9 @@ std::string admin_server::metrics_text() const {
     in.config_errors = h_.shared->config_errors.load(std::memory_order_relaxed);
     in.config_generations = h_.shared->config_generations.load(std::memory_order_relaxed);
     in.accept_errors = h_.shared->accept_errors.load(std::memory_order_relaxed);
+    in.draining = h_.shared->draining.load(std::memory_order_relaxed);
+    if (const auto ms = h_.shared->topology_current_ms.load(std::memory_order_relaxed); ms >= 0)
+      in.topology_last_success = static_cast<double>(ms) / 1000.0;
     if (h_.shared->access_log) in.access_log_dropped = h_.shared->access_log->dropped();
   }
   return metrics::render(in);

@@ -269,6 +269,17 @@ void daemon::count_config_error() { impl_->shared.config_errors.fetch_add(1, std
 
 void daemon::count_topology_error() { impl_->shared.topology_errors.fetch_add(1, std::memory_order_relaxed); }
 
+void daemon::expect_topology_source() {
+  std::int64_t none = -1;
+  impl_->shared.topology_current_ms.compare_exchange_strong(none, 0, std::memory_order_relaxed);
+}
+
+void daemon::note_topology_current() {
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  impl_->shared.topology_current_ms.store(now.count(), std::memory_order_relaxed);
+}
+
 std::shared_ptr<const topology::snapshot> daemon::current_topology() const {
   std::lock_guard lk(impl_->snap_mu);
   return impl_->snap;

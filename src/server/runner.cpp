@@ -248,6 +248,9 @@ int run(int argc, const char* const* argv) {
   };
   wait_signal();
 
+  // Every mode but the demo has exactly one topology source (config validation): from the first
+  // scrape on, /metrics says when it last confirmed the topology (0 until its first check).
+  if (!cl.demo) d.expect_topology_source();
   try {
     d.start();
   } catch (const std::exception& e) {
@@ -263,7 +266,8 @@ int run(int argc, const char* const* argv) {
       [&](std::string error) {
         spdlog::error("topology rejected, keeping the last good one: {}", error);
         d.count_topology_error();
-      }};
+      },
+      [&] { d.note_topology_current(); }};
   std::unique_ptr<topology::source> topo_source;
   if (!cfg->topology.file.empty())
     topo_source = topology::make_file_source(main_ioc, cfg->topology.file, callbacks, doc);

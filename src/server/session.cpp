@@ -551,9 +551,10 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
     }
     routing::build_router_request({ep.key, body, truncated_total, cfg.router.session_header, session_value, request_id},
                                   rq_->router_request);
+    const auto attempt_start = clock::now();
     auto ex = co_await router_attempt(ep, rq_->router_request, timeout);
     if (aborted_) co_return std::pair{routing::router_reply{}, std::optional(reason::router_unreachable)};
-    note_router_attempt(r, ep, ex);
+    note_router_attempt(r, ep, ex, clock::now() - attempt_start);
     if (!ex.replied) {
       memory.failed(ep.key, clock::now());
       spdlog::debug("router {} gave no reply{}", ep.key, router_timed_out_ ? " (timeout)" : "");

@@ -165,8 +165,10 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   bool logging() const { return w_.shared().access_log != nullptr; }
   void begin_request();
   void finish_request();
-  /// One router attempt ended (ingressd_router_attempts_total).
-  void note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex);
+  /// One router attempt ended after `took` (ingressd_router_attempts_total,
+  /// ingressd_router_attempt_latency_seconds).
+  void note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex,
+                           clock::duration took);
   /// The routing decision is final: latency by outcome, failures by reason.
   void note_router_outcome(std::optional<reason> failure);
   /// The request goes to `ep` after `retries` connect failures.

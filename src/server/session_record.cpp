@@ -52,12 +52,16 @@ void session::note_response(std::string_view response, bool written) {
   else if (rq_->rec.why == reason::upstream_error) rq_->rec.term = termination::error;
 }
 
-void session::note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex) {
+void session::note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex,
+                                  clock::duration took) {
   const auto result = !ex.replied        ? metrics::attempt_result::no_reply
                       : ex.status == 200 ? metrics::attempt_result::ok
                                          : metrics::attempt_result::non_200;
   if (rq_->rec.block)
-    if (auto* slot = rq_->rec.block->router(pool_index, ep.key)) slot->results[static_cast<std::size_t>(result)].add();
+    if (auto* slot = rq_->rec.block->router(pool_index, ep.key)) {
+      slot->results[static_cast<std::size_t>(result)].add();
+      slot->latency.observe(took);
+    }
   rq_->rec.routed = true;
   if (logging()) {
     rq_->rec.router = ep.name.empty() ? ep.key : ep.name;
@@ -101,6 +105,7 @@ void session::finish_request() {
   auto& block = r.block ? *r.block : w_.metrics().no_app();
   block.codes.add(r.status);
   block.duration.observe(elapsed);
+  if (r.why) block.generated[static_cast<std::size_t>(*r.why)].add();
 
   auto* log = w_.shared().access_log;
   if (!log) return;

@@ -40,6 +40,9 @@ struct shared_state {
   std::atomic<std::uint64_t> config_errors{0};     ///< ingressd_config_reload_errors_total
   std::atomic<std::uint64_t> config_generations{0};  ///< ingressd_config_generations (daemon::impl::track)
   std::atomic<std::uint64_t> accept_errors{0};     ///< ingressd_accept_errors_total (main and admin listeners)
+  /// ingressd_topology_last_success_timestamp_seconds, in Unix ms: -1 while there is no source
+  /// that polls (--demo), 0 until the source's first confirmation.
+  std::atomic<std::int64_t> topology_current_ms{-1};
   /// The access log, or null when off. Set before the workers start; thread-safe.
   metrics::access_log* access_log = nullptr;
   /// Passive health: marks an upstream down (key, why) on behalf of a worker. Set before the

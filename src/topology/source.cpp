@@ -174,6 +174,9 @@ struct common_state {
   void report(std::string message) {
     if (!stopped && callbacks.on_error) callbacks.on_error(std::move(message));
   }
+  void confirm() {
+    if (!stopped && callbacks.on_current) callbacks.on_current();
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -234,6 +237,7 @@ struct file_state : common_state {
   bool silent_baseline;                 // io thread only: the first check sets `last` silently
   std::optional<file_identity> seen;    // io thread only: identity last read
   bool unconfirmed_failure = false;     // io thread only: `seen` failed once, not yet reported
+  bool seen_valid = false;              // io thread only: `seen` held a valid document
   asio::steady_timer* timer = nullptr;  // io thread only
 
   void cancel() {
@@ -243,7 +247,11 @@ struct file_state : common_state {
   void check() {
     const auto id = identify(path);
     const bool changed = !seen || *seen != id;
-    if (!changed && !unconfirmed_failure) return;
+    if (!changed && !unconfirmed_failure) {
+      // The file is as last read: still current if that read was valid, still failing if not.
+      if (seen_valid) confirm();
+      return;
+    }
     // A failure is reported only when the file still looks the same one poll later (re-read
     // then, in case it changed within the timestamp granularity): a writer caught mid-write is
     // not an error.
@@ -252,6 +260,7 @@ struct file_state : common_state {
     seen = id;
     unconfirmed_failure = false;
     auto result = load_file(path, id);
+    seen_valid = std::holds_alternative<document>(result);
     if (auto* message = std::get_if<std::string>(&result)) {
       if (first) silent_baseline = false;  // the caller could not have this content either
       if (confirming) {
@@ -265,9 +274,10 @@ struct file_state : common_state {
     if (silent_baseline) {
       silent_baseline = false;
       last = std::move(doc);
-      return;
+    } else {
+      deliver(std::move(doc));
     }
-    deliver(std::move(doc));
+    confirm();
   }
 
   static awaitable<void> run(std::shared_ptr<file_state> s) {
@@ -405,6 +415,7 @@ struct http_state : common_state {
         } else {
           failures = 0;
           s->deliver(std::get<document>(std::move(parsed)));
+          s->confirm();
         }
       }
       if (error) {

@@ -279,6 +279,59 @@ TEST_F(Process, SigtermFailsHealthzAtOnceLetsStreamsFinishAndExitsZero) {
   EXPECT_EQ(p->wait(5s), 0) << p->output();
 }
 
+// The metrics the operator kit's alerts stand on (contrib/prometheus): staleness of the topology,
+// the drain, replica in-flight, descriptors and memory, as the running binary exports them.
+TEST_F(Process, OperatorMetricsFollowTheProcess) {
+  demo::replica_server a({.name = "replica-a", .token_delay = 100ms, .tokens = 20});
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a)}).build()));
+  auto p = start("drain:\n  min_period: 2s\n  timeout: 5s\n");
+  const auto value = [](const std::string& body, const std::string& series) {
+    const auto pos = body.find("\n" + series + " ");
+    return pos == std::string::npos ? -1.0 : std::stod(body.substr(pos + series.size() + 2));
+  };
+  const auto scrape = [&] { return http_get("127.0.0.1", admin_, "/metrics", {}, 2s).body; };
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+
+  // The file source confirms the topology at every check (250 ms): the timestamp moves on. Its
+  // first check runs just after the listeners open, and until then the gauge is 0.
+  ASSERT_TRUE(eventually([&] { return value(scrape(), "ingressd_topology_last_success_timestamp_seconds") > 0; },
+                         3s));
+  auto body = scrape();
+  const double first = value(body, "ingressd_topology_last_success_timestamp_seconds");
+  EXPECT_GT(first, now() - 60) << body;
+  EXPECT_LE(first, now() + 1) << body;
+  EXPECT_TRUE(eventually([&] { return value(scrape(), "ingressd_topology_last_success_timestamp_seconds") > first; },
+                         3s));
+  const double updated = value(body, "ingressd_topology_last_update_timestamp_seconds");
+  EXPECT_GT(updated, now() - 60) << body;
+  EXPECT_LE(updated, first + 1) << body;
+  EXPECT_EQ(value(body, "ingressd_draining"), 0) << body;
+
+  // Descriptors and memory as /proc says (the scrape's own connection may or may not be counted).
+  const double fds = value(body, "process_open_fds");
+  EXPECT_GE(fds, 5) << body;  // stdio, listeners, the log
+  EXPECT_NEAR(fds, static_cast<double>(open_fds(p->pid()).size()), 3) << body;
+  EXPECT_NEAR(value(body, "process_resident_memory_bytes") / 1024.0, static_cast<double>(rss_kib(p->pid())), 8192)
+      << body;
+  EXPECT_GT(value(body, "process_max_fds"), 0) << body;
+
+  // A stream in flight is counted at its replica.
+  auto stream = connection::open("127.0.0.1", port_);
+  ASSERT_TRUE(stream.write(format_request("POST", "/v1/chat/completions", "127.0.0.1", port_,
+                                          {{"content-type", "application/json"}}, R"({"stream":true})")));
+  ASSERT_TRUE(a.wait_for_requests(1, 5s)) << p->output();
+  EXPECT_EQ(value(scrape(), "ingressd_replica_in_flight{app=\"llm\",replica=\"replica-a\"}"), 1);
+
+  // SIGTERM: the gauge says so while the admin listener still answers (drain.min_period).
+  p->signal(SIGTERM);
+  EXPECT_TRUE(eventually([&] { return value(scrape(), "ingressd_draining") == 1; }, 2s)) << p->output();
+  auto r = stream.read_response(10s);
+  EXPECT_TRUE(r.complete);
+  EXPECT_EQ(p->wait(10s), 0) << p->output();
+}
+
 TEST_F(Process, SighupAppliesAValidConfigAndKeepsTheRunningOneOnError) {
   demo::replica_server a({.name = "replica-a"});
   write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a)}).build()));

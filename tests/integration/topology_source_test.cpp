@@ -45,7 +45,20 @@ class recorder {
               std::lock_guard lock(mu_);
               errors_.push_back(std::move(e));
               cv_.notify_all();
+            },
+            [this] {
+              std::lock_guard lock(mu_);
+              ++currents_;
+              cv_.notify_all();
             }};
+  }
+  bool wait_currents(std::size_t n, steady::duration timeout = 5s) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return currents_ >= n; });
+  }
+  std::size_t current_count() {
+    std::lock_guard lock(mu_);
+    return currents_;
   }
   bool wait_docs(std::size_t n, steady::duration timeout = 5s) {
     std::unique_lock lock(mu_);
@@ -77,6 +90,7 @@ class recorder {
   std::condition_variable cv_;
   std::vector<document> docs_;
   std::vector<std::string> errors_;
+  std::size_t currents_ = 0;
 };
 
 /// A one-app topology document whose replica port tells versions apart.
@@ -333,8 +347,51 @@ TEST(TopologySource, FileUnchangedContentNoCallback) {
   EXPECT_EQ(rec.doc_count(), 1u);
 }
 
+// on_current feeds ingressd_topology_last_success_timestamp_seconds: a file that stays valid keeps
+// confirming the topology at every poll; one that turned invalid stops until it is valid again.
+TEST(TopologySource, FileConfirmsWhileValidOnly) {
+  temp_dir dir;
+  const auto path = dir.file("topology.json");
+  write_in_place(path, doc_json(30001));
+  io_thread io;
+  recorder rec;
+  auto src = make_file_source(io.ioc(), path, rec.callbacks(), parsed(doc_json(30001)));
+  src->start();
+  ASSERT_TRUE(rec.wait_currents(3, 2s));  // unchanged file, several polls
+  EXPECT_EQ(rec.doc_count(), 0u);
+
+  write_in_place(path, "{ not json");
+  ASSERT_TRUE(rec.wait_errors(1, 2s));
+  const auto at_error = rec.current_count();
+  EXPECT_FALSE(rec.wait_currents(at_error + 1, 700ms));  // absence check over more than two polls
+
+  write_in_place(path, doc_json(30002));
+  ASSERT_TRUE(rec.wait_docs(1, 1s));
+  ASSERT_TRUE(rec.wait_currents(at_error + 2, 2s));
+}
+
 // ---------------------------------------------------------------------------------------------
 // HTTP / dashboard sources
+
+TEST(TopologySource, DashboardConfirmsEverySuccessfulPollOnly) {
+  testing::fake_dashboard dash({.body = doc_json(30001)});
+  io_thread io;
+  recorder rec;
+  auto src = make_dashboard_source(io.ioc(), dash.url(), 50ms, 1s, rec.callbacks());
+  src->start();
+  ASSERT_TRUE(rec.wait_docs(1, 2s));
+  ASSERT_TRUE(rec.wait_currents(3, 3s));  // the same body again: no document, but current
+  EXPECT_EQ(rec.doc_count(), 1u);
+
+  dash.set_status(500);
+  ASSERT_TRUE(rec.wait_errors(1, 3s));
+  const auto at_error = rec.current_count();
+  ASSERT_TRUE(rec.wait_errors(3, 5s));
+  EXPECT_EQ(rec.current_count(), at_error);
+
+  dash.set_status(200);
+  ASSERT_TRUE(rec.wait_currents(at_error + 1, 5s));
+}
 
 std::string test_file(const std::string& rel) { return read_text(std::string(INGRESSD_TEST_DATA) + "/" + rel); }
 

@@ -12,6 +12,10 @@ prefix=${prefix:+$prefix/}
   echo "$sysconfdir/ingressd/ingressd.example.yaml"
   echo "${prefix}lib/systemd/system/ingressd.service"
   echo "${prefix}lib/sysusers.d/ingressd.conf"
+  echo "$sysconfdir/logrotate.d/ingressd"
+  echo "${prefix}share/man/man8/ingressd.8"
+  echo "${prefix}share/ingressd/grafana/ingressd.json"
+  echo "${prefix}share/ingressd/prometheus/ingressd.rules.yml"
   echo "${prefix}share/doc/ingressd/README.md"
   echo "${prefix}share/doc/ingressd/LICENSE"
   for doc in "$source_dir"/docs/*.md; do echo "${prefix}share/doc/ingressd/docs/$(basename "$doc")"; done

@@ -8,7 +8,9 @@
 #                                (/etc, not /usr/etc), root/usr/lib/systemd/system/ingressd.service
 #                                identical to packaging/systemd/ (its ExecStart is /usr/bin/ingressd),
 #                                root/usr/lib/sysusers.d/ingressd.conf, docs in
-#                                root/usr/share/doc/ingressd; a config already at
+#                                root/usr/share/doc/ingressd, root/etc/logrotate.d/ingressd,
+#                                root/usr/share/man/man8/ingressd.8, the dashboard and rules in
+#                                root/usr/share/ingressd, each as in the source tree; a config already at
 #                                /etc/ingressd/ingressd.yaml is left as it was; nothing else.
 #   --prefix TMP                 the same under TMP (config in TMP/etc/ingressd), a unit whose
 #                                paths all point into TMP, nothing installed outside TMP.
@@ -36,6 +38,14 @@ check_tree() {  # ROOT PREFIX SYSCONFDIR [EXTRA FILE...]
   [ -x "$root/$prefix/bin/ingressd" ] || fail "$root/$prefix/bin/ingressd is not executable"
   cmp -s "$root/$sysconfdir/ingressd/ingressd.example.yaml" "$source/config/ingressd.example.yaml" ||
     fail "the installed example config differs from config/ingressd.example.yaml"
+  local installed shipped
+  for pair in "$sysconfdir/logrotate.d/ingressd packaging/logrotate/ingressd" \
+              "${prefix:+$prefix/}share/man/man8/ingressd.8 packaging/man/ingressd.8" \
+              "${prefix:+$prefix/}share/ingressd/grafana/ingressd.json contrib/grafana/ingressd.json" \
+              "${prefix:+$prefix/}share/ingressd/prometheus/ingressd.rules.yml contrib/prometheus/ingressd.rules.yml"; do
+    read -r installed shipped <<<"$pair"
+    cmp -s "$root/$installed" "$source/$shipped" || fail "$root/$installed differs from $shipped"
+  done
   local version
   version=$("$root/$prefix/bin/ingressd" --version) || fail "installed binary: --version failed"
   [[ $version == "ingressd "* ]] || fail "installed binary: --version printed '$version'"

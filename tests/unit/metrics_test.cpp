@@ -12,11 +12,13 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "ingressd/metrics/access_log.hpp"
 #include "ingressd/metrics/exposition.hpp"
 #include "ingressd/metrics/histogram.hpp"
+#include "ingressd/metrics/process.hpp"
 #include "ingressd/metrics/prometheus.hpp"
 #include "ingressd/metrics/request_metrics.hpp"
 #include "ingressd/topology/snapshot.hpp"
@@ -245,8 +247,13 @@ TEST(MetricsRender, SumsWorkersAndRendersEveryFamily) {
   a[0]->router(0, "10.0.0.5:30004")->results[static_cast<std::size_t>(attempt_result::ok)].add();
   b[0]->router(0, "10.0.0.5:30004")->results[static_cast<std::size_t>(attempt_result::non_200)].add();
   a[0]->truncations.add();
+  a[0]->router(0, "10.0.0.5:30004")->latency.observe(1ms);
+  b[0]->router(0, "10.0.0.5:30004")->latency.observe(3ms);
+  a[0]->generated[static_cast<std::size_t>(reason::upstream_timeout)].add();
+  b[0]->generated[static_cast<std::size_t>(reason::upstream_timeout)].add();
   w1.no_app().codes.add(404);
   w1.no_app().duration.observe(1ms);
+  w1.no_app().generated[static_cast<std::size_t>(reason::no_route)].add();
 
   scrape_input in;
   in.workers = {&w1, &w2};
@@ -258,16 +265,22 @@ TEST(MetricsRender, SumsWorkersAndRendersEveryFamily) {
   snap->states.at("10.0.0.6:30001")->up = false;
   snap->states.at("10.0.0.6:30001")->downs_by_errors = 2;
   snap->states.at("10.0.0.6:30001")->downs_by_check = 1;
+  snap->states.at("10.0.0.5:30001")->in_flight = 4;
   in.topology_updates = 3;
   in.topology_errors = 1;
+  in.topology_last_success = 1700000000.5;
+  in.draining = true;
   const std::string text = render(in);
 
   for (const char* family :
        {"ingressd_requests_total", "ingressd_request_duration_seconds", "ingressd_upstream_first_byte_seconds",
         "ingressd_router_latency_seconds", "ingressd_router_attempts_total", "ingressd_router_failures_total",
         "ingressd_router_truncations_total", "ingressd_router_colocated_ratio", "ingressd_replica_up",
-        "ingressd_replica_marked_down_total", "ingressd_active_connections", "ingressd_active_streams", "ingressd_topology_updates_total",
-        "ingressd_topology_errors_total", "ingressd_requests_received_total"}) {
+        "ingressd_replica_marked_down_total", "ingressd_active_connections", "ingressd_active_streams",
+        "ingressd_topology_updates_total", "ingressd_topology_errors_total", "ingressd_requests_received_total",
+        "ingressd_generated_responses_total", "ingressd_router_attempt_latency_seconds", "ingressd_replica_in_flight",
+        "ingressd_topology_last_update_timestamp_seconds", "ingressd_topology_last_success_timestamp_seconds",
+        "ingressd_draining"}) {
     EXPECT_EQ(count_prefix(text, std::string("# TYPE ") + family + " "), 1u) << family;
     EXPECT_EQ(count_prefix(text, std::string("# HELP ") + family + " "), 1u) << family;
   }
@@ -306,16 +319,107 @@ TEST(MetricsRender, SumsWorkersAndRendersEveryFamily) {
   EXPECT_TRUE(contains_line(text, "ingressd_topology_updates_total 3"));
   EXPECT_TRUE(contains_line(text, "ingressd_topology_errors_total 1"));
   EXPECT_TRUE(contains_line(text, "ingressd_requests_received_total 5"));
+
+  // Generated responses: every reason of a named app from zero on, but no_route only for app="".
+  EXPECT_TRUE(contains_line(text, "ingressd_generated_responses_total{app=\"llm\",reason=\"upstream_timeout\"} 2"));
+  EXPECT_TRUE(contains_line(text, "ingressd_generated_responses_total{app=\"echo\",reason=\"upstream_error\"} 0"));
+  EXPECT_TRUE(contains_line(text, "ingressd_generated_responses_total{app=\"\",reason=\"no_route\"} 1"));
+  EXPECT_EQ(count_prefix(text, "ingressd_generated_responses_total{app=\"llm\",reason=\"no_route\""), 0u);
+  EXPECT_EQ(count_prefix(text, "ingressd_generated_responses_total{app=\"\",reason=\"upstream_error\""), 0u);
+  EXPECT_EQ(count_prefix(text, "ingressd_generated_responses_total{app=\"llm\""), reason_count - 1);
+
+  // Per-router call latency, summed over workers, labelled with where the router is (the pool
+  // holds the co-located routers only, rt-6 is not in it).
+  EXPECT_TRUE(contains_line(
+      text, "ingressd_router_attempt_latency_seconds_count{app=\"llm\",router=\"rt-5a\",colocated=\"true\"} 2"));
+  EXPECT_TRUE(contains_line(
+      text, "ingressd_router_attempt_latency_seconds_sum{app=\"llm\",router=\"rt-5a\",colocated=\"true\"} 0.004"));
+  EXPECT_TRUE(contains_line(
+      text, "ingressd_router_attempt_latency_seconds_count{app=\"llm\",router=\"rt-5b\",colocated=\"true\"} 0"));
+
+  EXPECT_TRUE(contains_line(text, "ingressd_replica_in_flight{app=\"llm\",replica=\"rep-a\"} 4"));
+  EXPECT_TRUE(contains_line(text, "ingressd_replica_in_flight{app=\"echo\",replica=\"echo-1\"} 0"));
+  const auto updated = std::chrono::duration<double>(snap->updated.time_since_epoch()).count();
+  EXPECT_TRUE(contains_line(text, "ingressd_topology_last_update_timestamp_seconds " + format_value(updated)));
+  EXPECT_TRUE(contains_line(text, "ingressd_topology_last_success_timestamp_seconds 1700000000.5"));
+  EXPECT_TRUE(contains_line(text, "ingressd_draining 1"));
+  EXPECT_EQ(count_prefix(text, "process_"), 0u);  // not asked for
+}
+
+TEST(MetricsRender, WithoutSourceOrTopologyTimestampsHaveNoSample) {
+  scrape_input in;
+  const std::string text = render(in);
+  EXPECT_EQ(count_prefix(text, "ingressd_topology_last_update_timestamp_seconds "), 0u);
+  EXPECT_EQ(count_prefix(text, "ingressd_topology_last_success_timestamp_seconds "), 0u);
+  EXPECT_TRUE(contains_line(text, "ingressd_draining 0"));
+  EXPECT_EQ(count_prefix(text, "ingressd_replica_in_flight{"), 0u);
+}
+
+// --- process metrics --------------------------------------------------------------------------
+
+TEST(MetricsProcess, ReadsThisProcess) {
+  const auto before = read_process_stats();
+  ASSERT_TRUE(before.has_value());
+  // A descriptor opened between two reads is counted exactly once.
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  ASSERT_NE(f, nullptr);
+  const auto during = read_process_stats();
+  std::fclose(f);
+  const auto after = read_process_stats();
+  ASSERT_TRUE(during && after);
+  EXPECT_EQ(during->open_fds, before->open_fds + 1);
+  EXPECT_EQ(after->open_fds, before->open_fds);
+  EXPECT_GE(before->open_fds, 3u);  // at least stdin, stdout, stderr
+
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  EXPECT_EQ(before->max_fds, lim.rlim_cur);
+  // RSS as /proc/self/status says (KiB there), within what a few reads may allocate.
+  long vm_rss_kib = -1;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmRSS:", 0) == 0) vm_rss_kib = std::stol(line.substr(6));
+  ASSERT_GT(vm_rss_kib, 0);
+  EXPECT_NEAR(static_cast<double>(before->resident_bytes) / 1024.0, static_cast<double>(vm_rss_kib), 4096.0);
+  EXPECT_GE(before->virtual_bytes, before->resident_bytes);
+  // Started in the last hour, and not in the future.
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_LE(before->start_time_seconds, now + 1);
+  EXPECT_GT(before->start_time_seconds, now - 3600);
+  EXPECT_GE(after->cpu_seconds, before->cpu_seconds);
+}
+
+TEST(MetricsProcess, RendersTheClientLibraryNames) {
+  process_stats p;
+  p.cpu_seconds = 1.5;
+  p.open_fds = 12;
+  p.max_fds = 1048576;
+  p.resident_bytes = 4096;
+  p.virtual_bytes = 8192;
+  p.start_time_seconds = 1700000000.25;
+  scrape_input in;
+  in.process = p;
+  const std::string text = render(in);
+  for (const char* line : {"process_cpu_seconds_total 1.5", "process_open_fds 12", "process_max_fds 1048576",
+                           "process_resident_memory_bytes 4096", "process_virtual_memory_bytes 8192",
+                           "process_start_time_seconds 1700000000.25", "# TYPE process_cpu_seconds_total counter",
+                           "# TYPE process_open_fds gauge"})
+    EXPECT_TRUE(contains_line(text, line)) << line;
 }
 
 TEST(MetricsRender, RemoteOnlyPoolHasRatioZero) {
   auto doc = sample();
   doc.apps[0].routers = {t("10.0.0.6", 30004, "rt-6")};
   auto snap = topology::make_snapshot(doc, "10.0.0.5", "", 1);
+  worker_metrics w;
+  w.apply(*snap)[0]->router(0, "10.0.0.6:30004")->latency.observe(20ms);
   scrape_input in;
+  in.workers = {&w};
   in.topology = snap.get();
   const std::string text = render(in);
   EXPECT_TRUE(contains_line(text, "ingressd_router_colocated_ratio{app=\"llm\"} 0"));
+  EXPECT_TRUE(contains_line(
+      text, "ingressd_router_attempt_latency_seconds_count{app=\"llm\",router=\"rt-6\",colocated=\"false\"} 1"));
   // A fresh snapshot's replicas start up.
   EXPECT_TRUE(contains_line(text, "ingressd_replica_up{app=\"llm\",replica=\"rep-b\"} 1"));
 }

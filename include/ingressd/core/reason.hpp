@@ -1,6 +1,7 @@
 #pragma once
 // Every response that ingressd generates itself has exactly one reason. Each reason maps to one
 // HTTP status and to one `X-Serve-Reason` header value (contract §4.2, §4.3, §4.1).
+#include <cstddef>
 #include <string_view>
 
 namespace ingressd {
@@ -23,6 +24,8 @@ enum class reason {
   /// Request bytes were written, no response headers within upstream.first_byte_timeout. 504.
   upstream_timeout,
 };
+/// How many reasons there are (arrays indexed by reason, e.g. per-app metric counters).
+inline constexpr std::size_t reason_count = static_cast<std::size_t>(reason::upstream_timeout) + 1;
 
 /// The `X-Serve-Reason` value, e.g. "router_unreachable".
 std::string_view to_string(reason r) noexcept;

@@ -3,9 +3,11 @@
 // in Prometheus text format. Runs on the admin thread; never touches worker-owned state other
 // than through single-writer counters and worker_metrics::visit.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ingressd/metrics/process.hpp"
 #include "ingressd/metrics/request_metrics.hpp"
 #include "ingressd/topology/snapshot.hpp"
 
@@ -19,6 +21,11 @@ struct scrape_input {
   /// The current topology (replica_up and marked_down from its upstream states,
   /// colocated_ratio); may be null.
   const topology::snapshot* topology = nullptr;
+  /// ingressd_topology_last_success_timestamp_seconds: Unix time at which the topology source
+  /// last confirmed the topology in force (0: not yet); nullopt when there is no source to poll
+  /// (--demo), so that no staleness alert can fire there.
+  std::optional<double> topology_last_success;
+  bool draining = false;                 ///< ingressd_draining
   std::uint64_t topology_updates = 0;    ///< ingressd_topology_updates_total
   std::uint64_t topology_errors = 0;     ///< ingressd_topology_errors_total
   std::uint64_t config_reloads = 0;      ///< ingressd_config_reloads_total
@@ -26,6 +33,8 @@ struct scrape_input {
   std::uint64_t config_generations = 0;  ///< ingressd_config_generations
   std::uint64_t accept_errors = 0;       ///< ingressd_accept_errors_total
   std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
+  /// The process_* families (descriptors, memory, CPU); nullopt leaves them out.
+  std::optional<process_stats> process;
 };
 
 std::string render(const scrape_input& in);

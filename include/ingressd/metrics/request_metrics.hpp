@@ -70,10 +70,16 @@ class status_counters {
 
 /// Attempt counters of one router of an app's pool.
 struct router_slot {
-  router_slot(std::string k, std::string l) : key(std::move(k)), label(std::move(l)) {}
+  router_slot(std::string k, std::string l, bool c) : key(std::move(k)), label(std::move(l)), colocated(c) {}
   const std::string key;    ///< "ip:port"
   const std::string label;  ///< label `router`: the target's name, or its key when it has none
+  /// Label `colocated`: on this node. Fixed for the slot: the key's ip decides it, and the node
+  /// IP does not change while the process runs.
+  const bool colocated;
   std::array<counter, attempt_result_count> results;
+  /// ingressd_router_attempt_latency_seconds: one call to this router, reply or failure, so that
+  /// co-located and remote routers can be compared (the decision histogram mixes them).
+  histogram latency{router_buckets()};
 };
 
 /// Everything counted for one app on one worker.
@@ -89,6 +95,9 @@ struct app_metrics {
   std::array<histogram, router_outcome_count> router_latency;  ///< by router_outcome_index
   std::array<counter, router_outcome_count> router_failures;   ///< index 0 unused
   counter truncations;     ///< ingressd_router_truncations_total
+  /// ingressd_generated_responses_total: responses ingressd generated itself, by reason (the
+  /// X-Serve-Reason it sent), indexed by the enum's value.
+  std::array<counter, reason_count> generated;
 
   /// The slot of the router at `pool_index` in the app's current pool (checked against `key`;
   /// a pool that changed since the caller's snapshot is searched by key). nullptr when the

@@ -47,6 +47,11 @@ class daemon {
   void count_config_error();
   /// Counts a rejected topology document or failed fetch (ingressd_topology_errors_total).
   void count_topology_error();
+  /// A topology source polls for this daemon: from now on /metrics has
+  /// ingressd_topology_last_success_timestamp_seconds (0 until note_topology_current()).
+  void expect_topology_source();
+  /// The topology source confirmed the topology in force (topology::source_callbacks::on_current).
+  void note_topology_current();
   /// SIGUSR1 (logrotate): reopens the access log file at its path. False (logged; the old file
   /// stays in use) when it cannot be opened. No-op when the access log is off or stdout.
   bool reopen_access_log();

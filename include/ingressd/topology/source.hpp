@@ -20,7 +20,8 @@
 // Callbacks run on the io_context's thread. `on_document` gets only valid documents that differ
 // (document::operator==) from the last one delivered (or, for a file source, from the baseline,
 // see make_file_source); `on_error` gets every failed fetch/parse, with a message naming the
-// source. The last good document stays with the caller; the source only reports.
+// source; `on_current` every poll that found a valid document. The last good document stays with
+// the caller; the source only reports.
 //
 // Threading and lifetime: the io_context must be run by one thread. start(), stop() and the
 // destructor may be called from any thread. After stop() returns on the io_context's thread no
@@ -47,6 +48,11 @@ struct source_callbacks {
   /// A fetch/parse failure (the caller logs it and counts ingressd_topology_errors_total); the
   /// last good document stays in force.
   std::function<void(std::string)> on_error;
+  /// The source found a valid document, changed or not: the topology in force is current as of
+  /// now (ingressd_topology_last_success_timestamp_seconds, for staleness alerts). HTTP sources:
+  /// every successful poll; file source: every check while the file holds a valid document.
+  /// Runs after on_document when both apply. Optional.
+  std::function<void()> on_current;
 };
 
 class source {

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""ctest contrib.dashboard_metrics: the Grafana dashboard and the Prometheus rules query only what
+a running ingressd exports.
+
+    dashboard_metrics_test.py DASHBOARD_JSON RULES_YML OPERATIONS_MD INGRESSD_BINARY
+
+Starts `ingressd --demo` on loopback for its cluster of routers and replicas, and a second ingressd
+that reads the same cluster from a topology file (a real topology source); sends it requests on
+the router path and the plain path so that labelled series exist, scrapes its /metrics, and checks every query of every dashboard panel and
+variable and every recording and alerting rule: each metric name is exported (histograms by their
+_bucket/_sum/_count samples) or recorded by the rules file; each label a selector matches is one
+that metric carries (or `instance`/`job`, which Prometheus adds; a recorded metric carries the
+labels its rule sums by); each literal value it matches with `=` occurs in the scrape; each label
+in a by/without/on/ignoring list belongs to one of the expression's metrics. Also checks the
+dashboard's own shape (data source variable, a node variable every panel query filters by,
+unique ids, a description per panel, a non-overlapping grid), that every recording rule is used,
+and that docs/operations.md describes every panel by its title."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kit  # noqa: E402
+
+problems = []
+
+
+def fail(message):
+    problems.append(message)
+
+
+def dashboard_shape(dash):
+    for key in ("title", "uid", "schemaVersion", "panels", "templating"):
+        if key not in dash:
+            fail(f"dashboard: no {key!r}")
+    variables = {v["name"]: v for v in dash.get("templating", {}).get("list", [])}
+    ds = variables.get("datasource")
+    if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+        fail("dashboard: needs a `datasource` variable of type datasource, query prometheus")
+    if "instance" not in variables or not variables["instance"].get("multi"):
+        fail("dashboard: needs a multi-value `instance` variable (the node)")
+    ids, cells = set(), {}
+    panels = [p for p in dash.get("panels", []) if p.get("type") != "row"]
+    for p in dash.get("panels", []):
+        where = f"panel {p.get('title')!r}"
+        if p.get("id") in ids:
+            fail(f"{where}: id {p.get('id')} is used twice")
+        ids.add(p.get("id"))
+        g = p.get("gridPos", {})
+        if g.get("x", 0) + g.get("w", 0) > 24 or g.get("w", 0) <= 0 or g.get("h", 0) <= 0:
+            fail(f"{where}: gridPos {g} is outside the 24-column grid")
+        for x in range(g.get("x", 0), g.get("x", 0) + g.get("w", 0)):
+            for y in range(g.get("y", 0), g.get("y", 0) + g.get("h", 0)):
+                if (x, y) in cells:
+                    fail(f"{where}: overlaps panel {cells[(x, y)]!r}")
+                    break
+                cells[(x, y)] = p.get("title")
+    for p in panels:
+        where = f"panel {p.get('title')!r}"
+        if p.get("datasource", {}).get("uid") != "${datasource}":
+            fail(f"{where}: data source must be ${{datasource}}")
+        if not p.get("description"):
+            fail(f"{where}: no description")
+        refs = [t.get("refId") for t in p.get("targets", [])]
+        if not refs or len(set(refs)) != len(refs) or not all(t.get("expr") for t in p.get("targets", [])):
+            fail(f"{where}: needs targets with an expr and a unique refId each")
+    return panels, variables
+
+
+def recorded_labels(rules):
+    """{recorded metric: (the labels its `sum by (...)` keeps, the metric it sums)}."""
+    out = {}
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "record" not in rule:
+                continue
+            m = re.match(r"^\s*sum by \(([^)]*)\)", rule["expr"])
+            if not m:
+                fail(f"recording rule {rule['record']}: must be `sum by (...) (...)`, so its labels are known")
+                continue
+            sources = kit.Expression(rule["expr"]).metrics()
+            if len(sources) != 1:
+                fail(f"recording rule {rule['record']}: must sum one metric, not {sorted(sources)}")
+                continue
+            out[rule["record"]] = ({label.strip() for label in m.group(1).split(",")}, sources.pop())
+    return out
+
+
+def check_expression(where, text, exported, recorded, extra_labels=()):
+    try:
+        e = kit.Expression(text)
+    except ValueError as err:
+        fail(f"{where}: {err}")
+        return None
+    known_here = set(kit.TARGET_LABELS) | set(extra_labels)
+    for sel in e.selectors:
+        if sel.metric in recorded:
+            labels, source = recorded[sel.metric]
+            values = exported.get(source)  # a sum keeps the values it groups by
+        elif sel.metric in exported:
+            labels, values = set(exported[sel.metric]) | kit.TARGET_LABELS, exported[sel.metric]
+        else:
+            fail(f"{where}: metric {sel.metric} is not in /metrics nor recorded by the rules")
+            continue
+        known_here |= labels
+        for label, operator, value in sel.matchers:
+            if label not in labels:
+                fail(f"{where}: {sel.metric} has no label {label!r} (it has {sorted(labels)})")
+            elif operator == "=" and values is not None and label in values and "$" not in value \
+                    and value not in values[label]:
+                fail(f"{where}: {sel.metric}{{{label}=\"{value}\"}}: /metrics has only {sorted(values[label])}")
+    for label in sorted(e.grouping - known_here):
+        fail(f"{where}: groups by {label!r}, which none of its metrics carries")
+    return e
+
+
+def main():
+    dashboard_path, rules_path, operations_path, binary = sys.argv[1:5]
+    with open(dashboard_path, encoding="utf-8") as f:
+        dash = json.load(f)
+    rules = kit.load_yaml(rules_path)
+    panels, variables = dashboard_shape(dash)
+    recorded = recorded_labels(rules)
+
+    # The demo's cluster (routers on this node and on "another", replicas) behind a second
+    # ingressd that reads it from a topology file: a real topology source, as in production.
+    with kit.Demo(binary) as cluster, tempfile.TemporaryDirectory() as tmp:
+        topology_file = os.path.join(tmp, "topology.json")
+        with open(topology_file, "w", encoding="utf-8") as f:
+            json.dump(kit.ray_topology(cluster.topology()), f)
+        with kit.FileDaemon(binary, topology_file) as proxy:
+            # The router path (a POST, streamed and not), the plain path and the echo app.
+            for body in ('{"stream":false}', '{"stream":true}'):
+                status, _ = proxy.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+                if status != 200:
+                    raise SystemExit(f"FAIL: POST /v1/chat/completions answered {status}\n{proxy.output()}")
+            for path in ("/v1/models", "/echo/hello"):
+                status, _ = proxy.request("GET", path)
+                if status != 200:
+                    raise SystemExit(f"FAIL: GET {path} answered {status}\n{proxy.output()}")
+            scrape = proxy.metrics()
+    exported, types = kit.parse_exposition(scrape)
+    for needed in ("ingressd_router_attempts_total", "ingressd_replica_in_flight", "process_open_fds"):
+        if needed not in exported:
+            fail(f"the scrape has no {needed} sample after the requests: {sorted(exported)}")
+    if subprocess.run(["sh", "-c", "command -v promtool"], capture_output=True).returncode == 0:
+        lint = subprocess.run(["promtool", "check", "metrics"], input=scrape, capture_output=True, text=True)
+        if lint.returncode != 0:
+            fail(f"promtool check metrics on the scrape: {lint.stdout}{lint.stderr}")
+
+    used = set()
+    queries = 0
+    for p in panels:
+        for t in p.get("targets", []):
+            where = f"panel {p['title']!r} {t.get('refId')}"
+            e = check_expression(where, t["expr"], exported, recorded)
+            queries += 1
+            if e is None:
+                continue
+            used |= e.metrics()
+            for sel in e.selectors:
+                if ("instance", "=~", "$instance") not in sel.matchers:
+                    fail(f"{where}: {sel.metric} is not filtered by instance=~\"$instance\"")
+    for name, v in variables.items():
+        if v.get("type") != "query":
+            continue
+        m = re.match(r"^label_values\((.*),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)$", v["query"])
+        if not m:
+            fail(f"variable {name}: query must be label_values(selector, label): {v['query']!r}")
+            continue
+        e = check_expression(f"variable {name}", m.group(1), exported, recorded)
+        queries += 1
+        if e and not any(m.group(2) in set(exported.get(s.metric, {})) | kit.TARGET_LABELS for s in e.selectors):
+            fail(f"variable {name}: {m.group(1)} has no label {m.group(2)!r}")
+    rule_count = 0
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            name = rule.get("record") or rule.get("alert")
+            e = check_expression(f"rule {name}", rule["expr"], exported, recorded)
+            rule_count += 1
+            if e:
+                used |= e.metrics()
+    for name in sorted(set(recorded) - used):
+        fail(f"recording rule {name} is used by no panel and no alert")
+
+    with open(operations_path, encoding="utf-8") as f:
+        docs = f.read()
+    for p in panels:
+        if f"**{p['title']}**" not in docs:
+            fail(f"{operations_path} does not describe panel {p['title']!r} (as **{p['title']}**)")
+
+    for p in problems:
+        print("FAIL:", p)
+    if problems:
+        return 1
+    print(f"OK: {len(panels)} panels, {queries} dashboard queries and {rule_count} rules use only the "
+          f"{len(exported)} sample names and their labels that a running ingressd exports "
+          f"({len(recorded)} recorded)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
