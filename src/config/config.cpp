@@ -18,6 +18,8 @@
 #include <boost/program_options.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "ingressd/http/syntax.hpp"
+
 namespace ingressd::config {
 
 namespace {
@@ -33,16 +35,6 @@ std::string in_quotes(std::string_view text) { return "'" + std::string{text} + 
 // ---------------------------------------------------------------------------------------------
 // Checks on single values, shared by the YAML loader, the flags and validate() so that a value
 // is judged the same way wherever it comes from.
-
-bool is_tchar(char c) {
-  // RFC 9110 §5.6.2 token characters.
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
-  return std::string_view{"!#$%&'*+-.^_`|~"}.find(c) != std::string_view::npos;
-}
-
-bool is_token(std::string_view text) {
-  return !text.empty() && std::all_of(text.begin(), text.end(), is_tchar);
-}
 
 /// Visible ASCII only: these strings end up in request lines and log lines, where spaces and
 /// control characters would break framing.
@@ -155,12 +147,12 @@ problem check_health_path(const std::string& text) {
 
 problem check_session_header(const std::string& text) {
   if (text.empty()) return std::nullopt;
-  if (!is_token(text)) return "expected a header name (or \"\" to disable), got " + in_quotes(text);
+  if (!http::is_token(text)) return "expected a header name (or \"\" to disable), got " + in_quotes(text);
   return std::nullopt;
 }
 
 problem check_method(const std::string& text) {
-  if (!is_token(text)) return "expected an HTTP method like POST, got " + in_quotes(text);
+  if (!http::is_token(text)) return "expected an HTTP method like POST, got " + in_quotes(text);
   // Methods are case-sensitive (RFC 9110 §9.1): "post" is a different, unknown method, so a
   // lowercase entry would silently never match.
   if (std::any_of(text.begin(), text.end(), [](char c) { return c >= 'a' && c <= 'z'; })) {

@@ -30,12 +30,6 @@ void insert_field(std::string& msg, std::string_view name, std::string_view valu
   msg.insert(eol + 2, line);
 }
 
-bool valid_field_value(std::string_view v) noexcept {
-  for (char c : v)
-    if (c == '\r' || c == '\n' || c == '\0') return false;
-  return true;
-}
-
 void append_status_line(std::string& out, unsigned status, unsigned version,
                         std::string_view reason_phrase) {
   out.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");

@@ -12,6 +12,7 @@
 
 #include "ingressd/core/text.hpp"
 #include "ingressd/http/parse_guards.hpp"
+#include "ingressd/http/syntax.hpp"
 
 namespace ingressd::http {
 
@@ -21,18 +22,6 @@ constexpr bool is_digit(unsigned char c) noexcept { return c >= '0' && c <= '9';
 constexpr bool is_alpha(unsigned char c) noexcept { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 constexpr bool is_hex(unsigned char c) noexcept {
   return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
-
-/// RFC 9110 §5.6.2 tchar.
-constexpr bool is_tchar(unsigned char c) noexcept {
-  if (is_digit(c) || is_alpha(c)) return true;
-  switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '-':
-    case '.': case '^': case '_': case '`': case '|': case '~':
-      return true;
-    default:
-      return false;
-  }
 }
 
 /// Byte classes for the scan of every request head, one table lookup per byte: k_tchar = may
@@ -353,19 +342,6 @@ bool malformed_chunk_line(std::string_view pending) noexcept {
       return true;
     }
   }
-}
-
-bool proxy_owned_field(std::string_view name) noexcept {
-  // Every owned name starts with x or f: one compare rejects nearly every field of a request.
-  if (name.empty() || ((name[0] | 0x20) != 'x' && (name[0] | 0x20) != 'f')) return false;
-  static constexpr std::string_view router_prefix = "x-serve-router-";
-  if (name.size() >= router_prefix.size() && iequals(name.substr(0, router_prefix.size()), router_prefix))
-    return true;
-  static constexpr std::array<std::string_view, 5> owned{"x-request-id", "x-forwarded-for", "x-forwarded-proto",
-                                                          "forwarded", "x-real-ip"};
-  for (const auto o : owned)
-    if (iequals(name, o)) return true;
-  return false;
 }
 
 evaluation evaluate_request(std::string_view bytes, std::size_t header_limit, std::uint64_t body_limit) {

@@ -116,6 +116,20 @@ std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& n
   return s;
 }
 
+std::optional<placement> remap(const snapshot& from, const placement& where, const snapshot& to) {
+  const app_view& old = from.apps[where.app];
+  for (std::size_t i = 0; i < to.apps.size(); ++i) {
+    if (to.apps[i].name != old.name) continue;
+    placement next{i, std::nullopt};
+    if (where.pinned) {
+      const auto& by_name = to.apps[i].replica_by_name;
+      if (auto it = by_name.find(old.replicas[*where.pinned].name); it != by_name.end()) next.pinned = it->second;
+    }
+    return next;
+  }
+  return std::nullopt;
+}
+
 std::size_t snapshot::router_count() const {
   std::size_t n = 0;
   for (const app& a : doc.apps) n += a.routers.size();

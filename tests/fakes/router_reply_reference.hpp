@@ -4,6 +4,7 @@
 // target). Same rules as parse_router_reply; only the JSON parser differs.
 #include <nlohmann/json.hpp>
 
+#include "ingressd/http/syntax.hpp"
 #include "ingressd/routing/router_reply.hpp"
 
 namespace ingressd::routing::reference {
@@ -21,10 +22,10 @@ inline router_reply parse_router_reply(unsigned status, std::string_view body) {
   if (auto h = j.find("request_headers"); h != j.end() && !h->is_null()) {
     if (!h->is_object()) return r;
     for (auto it = h->begin(); it != h->end(); ++it) {
-      if (!it.value().is_string() || !is_token(it.key())) return r;
+      if (!it.value().is_string() || !http::is_token(it.key())) return r;
       const auto& v = it.value().get_ref<const std::string&>();
-      if (!safe_header_value(v)) return r;
-      if (!reserved_request_header(it.key())) r.request_headers.emplace_back(it.key(), v);
+      if (!http::valid_field_value(v)) return r;
+      if (!http::reserved_for_router(it.key())) r.request_headers.emplace_back(it.key(), v);
     }
   }
   r.replica_id = id->get<std::string>();

@@ -111,6 +111,18 @@ TEST(ConfigThreads, EffectiveThreadsResolvesZero) {
 // ---------------------------------------------------------------------------------------------
 // YAML: accepted documents
 
+TEST(ConfigDefaults, NeverCutALongGenerationAndFollowRay) {
+  // Ray's HAProxy sets no server timeout and `timeout client 3600s` (ray constants.py
+  // RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S): a reasoning model may queue or think for many minutes.
+  // The 300 s defaults once cut such generations off.
+  const config c;
+  EXPECT_GE(c.upstream.first_byte_timeout, std::chrono::seconds(3600));
+  EXPECT_GE(c.upstream.idle_timeout, std::chrono::seconds(3600));
+  // `wait-for-body time 5s` and `observe layer4 error-limit 3` (haproxy_templates.py).
+  EXPECT_EQ(c.router.body_wait, std::chrono::seconds(5));
+  EXPECT_EQ(c.health.error_limit, 3u);
+}
+
 TEST(ConfigYaml, EmptyDocumentsGiveDefaults) {
   EXPECT_EQ(load_ok(""), config{});
   EXPECT_EQ(load_ok("# only a comment\n\n"), config{});

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "ingressd/routing/router_pool.hpp"
+#include "ingressd/topology/topology.hpp"
 
 namespace ingressd::routing {
 namespace {
@@ -14,8 +15,8 @@ using topology::target;
 target router(std::string ip, std::uint16_t port) { return target{std::move(ip), port, "", "r"}; }
 
 TEST(RouterPool, NoRoutersGivesEmptyPool) {
-  EXPECT_TRUE(build_router_pool({}, "10.0.0.1").empty());
-  EXPECT_TRUE(build_router_pool({}, "").empty());
+  EXPECT_TRUE(build_router_pool(std::vector<target>{}, "10.0.0.1").empty());
+  EXPECT_TRUE(build_router_pool(std::vector<target>{}, "").empty());
 }
 
 TEST(RouterPool, ColocatedOnlySortedByIpThenPort) {

@@ -85,15 +85,6 @@ TEST(RouterRequest, NoSessionHeaderWhenClientSentNone) {
   EXPECT_EQ(bytes.find("x-session-id"), std::string::npos);
 }
 
-TEST(Token, Rules) {
-  EXPECT_TRUE(is_token("x-session-id"));
-  EXPECT_TRUE(is_token("serve_multiplexed_model_id"));
-  EXPECT_FALSE(is_token(""));
-  EXPECT_FALSE(is_token("a b"));
-  EXPECT_FALSE(is_token("a:b"));
-  EXPECT_FALSE(is_token("a\r"));
-}
-
 TEST(RouterMemory, FailedRouterIsDownThenProbedWithGrowingBackoff) {
   using namespace std::chrono_literals;
   router_memory m(500ms, 4s);

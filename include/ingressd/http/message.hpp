@@ -11,6 +11,7 @@
 
 #include "ingressd/core/reason.hpp"
 #include "ingressd/core/text.hpp"
+#include "ingressd/http/syntax.hpp"
 
 namespace ingressd::http {
 
@@ -34,9 +35,6 @@ void append_field(std::string& out, std::string_view name, std::string_view valu
 
 /// Adds "Name: value\r\n" to a complete message head in `msg`, right after its start line.
 void insert_field(std::string& msg, std::string_view name, std::string_view value);
-
-/// True when `v` can be sent as a header value: no CR, LF or NUL (hardening D8).
-bool valid_field_value(std::string_view v) noexcept;
 
 /// Appends the status line ("HTTP/1.1 200 OK\r\n"). Reason phrase from the status code.
 void append_status_line(std::string& out, unsigned status, unsigned version, std::string_view reason_phrase = {});

@@ -67,12 +67,6 @@ std::size_t leading_empty_lines(std::string_view pending) noexcept;
 /// (RFC 9112 §7.1.1).
 bool malformed_chunk_line(std::string_view pending) noexcept;
 
-/// Request header fields that ingressd owns and never forwards as the client sent them: the
-/// forwarding fields it sets itself (X-Forwarded-For, X-Forwarded-Proto, X-Request-Id, Forwarded,
-/// X-Real-IP) and the router-owned `x-serve-router-*` namespace (only a router's reply sets those;
-/// a client value would spoof a routing decision, contract §9). Case-insensitive.
-bool proxy_owned_field(std::string_view name) noexcept;
-
 /// Whether ingressd forwards requests with this method (case-sensitive).
 bool forwarded_method(std::string_view method) noexcept;
 

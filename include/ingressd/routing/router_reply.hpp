@@ -44,15 +44,4 @@ std::string build_router_request(const router_request_parts& p);
 /// The same into `out` (cleared first), whose capacity a caller can keep from one request to the next.
 void build_router_request(const router_request_parts& p, std::string& out);
 
-/// True when `name` is an HTTP token (RFC 9110 §5.6.2).
-bool is_token(std::string_view name) noexcept;
-
-/// Headers the proxy owns on the forwarded request: framing and hop-by-hop fields, and the ones
-/// it sets itself. A router may not set these (a second Content-Length would be a smuggling
-/// shape; a second X-Request-Id would split the request's identity), so they are dropped.
-bool reserved_request_header(std::string_view name) noexcept;
-
-/// A header value a router may ask for: no CR, LF or NUL.
-bool safe_header_value(std::string_view v) noexcept;
-
 }  // namespace ingressd::routing

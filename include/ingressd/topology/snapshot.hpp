@@ -78,6 +78,18 @@ struct snapshot {
   std::size_t apps_with_routers() const;
 };
 
+/// Where a request stands in a snapshot: its app, and the replica a router pinned it to.
+struct placement {
+  std::size_t app = 0;
+  std::optional<std::size_t> pinned;
+  bool operator==(const placement&) const = default;
+};
+
+/// The same place in `to` after the topology changed from `from` while the request waited: its
+/// app found again by name, the pinned replica by name (dropped when it is gone; the request then
+/// goes to the least-loaded one). Nullopt when the app is gone.
+std::optional<placement> remap(const snapshot& from, const placement& where, const snapshot& to);
+
 /// Builds the routing view. `local_dial_host` ("" = none) replaces the ip of co-located targets
 /// when dialling. Target ips were validated by parse_document. Upstreams whose key was in
 /// `previous` keep its state (in-flight counts, health); new ones start up and idle.
