@@ -83,4 +83,15 @@ std::size_t chunk_header(char* out, std::size_t n) noexcept {
   return static_cast<std::size_t>(end + 2 - out);
 }
 
+void framed_piece::data(const void* p, std::size_t n) noexcept {
+  if (n == 0) return;
+  if (chunked_) add(size_line_.data(), chunk_header(size_line_.data(), n));
+  add(p, n);
+  if (chunked_) add("\r\n", 2);
+}
+
+void framed_piece::end() noexcept {
+  if (chunked_) add("0\r\n\r\n", 5);
+}
+
 }  // namespace ingressd::http

@@ -1,6 +1,14 @@
 #pragma once
 // One client connection: reads requests (keep-alive, in-order pipelining), routes each one and
 // relays it to a replica, streaming the response back. Lives on its worker's thread only.
+//
+// The life of a proxied request (session::proxy, src/server/session_proxy.cpp) is a sequence of
+// stages over one request_state: decide_route (the router call included), connect_upstream
+// (choose and connect), send_request, read_response_head, relay_response. A stage answers
+// step::next, step::done (the request has ended: request_state::result) or step::again (the
+// pooled connection the request went out on was stale: choose, connect and send once more).
+// The connection's own life (idle waits, request heads, probes, generated responses, the
+// watchdog and the client watch) is in session.cpp; router calls in session_route.cpp.
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -19,14 +27,18 @@
 #include "ingressd/metrics/access_log.hpp"
 #include "ingressd/metrics/request_metrics.hpp"
 #include "ingressd/routing/router_reply.hpp"
+#include "ingressd/upstream/pool.hpp"
 #include "server/worker.hpp"
 
 namespace ingressd::server {
 
 namespace bhttp = boost::beast::http;
 
+struct request_state;
+
 class session : public std::enable_shared_from_this<session>, public session_hook {
   friend struct request_scratch;
+  friend struct request_state;
 
  public:
   /// Client sockets and the watchdog timer name the io_context's executor type: 48 bytes less
@@ -57,6 +69,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   using response_parser = http::relay_response_parser;
 
   enum class outcome { keep_alive, close };
+  /// What a stage of a proxied request leaves it to do (see the top of this file).
+  enum class step : std::uint8_t { next, again, done };
 
   /// Waits (a plain handler, no coroutine) until the idle connection is readable, then serve().
   void wait_idle();
@@ -71,7 +85,26 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// operation). True when that settled it: the head is parsed, or `ec` says why not; false when
   /// more bytes must be awaited (async_read_header carries on with the same parser and buffer).
   bool head_now(http::bounded_buffer& in, error_code& ec);
+  /// A request for app `app_index` (its request-target for the replica: `target`), through its
+  /// stages; src/server/session_proxy.cpp.
   awaitable<outcome> proxy(std::size_t app_index, std::string target);
+  /// Stages. Each may end the request (step::done, with rs.result).
+  awaitable<step> decide_route(request_state& rs);
+  awaitable<step> connect_upstream(request_state& rs);
+  awaitable<step> send_request(request_state& rs);
+  awaitable<step> read_response_head(request_state& rs);
+  awaitable<step> relay_response(request_state& rs);
+  /// The forwarded request head, re-framed (contract §4.4), into rq_->head.
+  void build_request_head(const request_state& rs);
+  /// The response head for the client after read_response_head (rq_->head): the replica's
+  /// end-to-end fields, the request's id, our framing. Sets rs.close for what the client gets.
+  void finish_response_head(request_state& rs);
+  /// Ends the request with the response ingressd generates for `r`.
+  awaitable<step> answer(request_state& rs, reason r);
+  /// Ends the request after an upstream failure: the upstream connection is reset, the client
+  /// gets the response for `r`.
+  awaitable<step> upstream_failed(request_state& rs, reason r);
+  static step finish(request_state& rs, outcome o);
   awaitable<bool> write_all(std::string_view data);
   /// Picks the request's id once its head is parsed (rq_->request_id).
   void choose_request_id();
@@ -101,20 +134,26 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
 
   /// One routing decision: tries the app's router pool from this worker's cursor, failing over
   /// only when a router gave no reply (contract §4.2). Returns the reply or a failure reason.
-  /// `snap`, `request_id` and `body` must outlive the call (they belong to proxy()'s frame, which
-  /// awaits this coroutine; the body prefix is not touched while it runs).
+  /// `rs` and `body` outlive the call (proxy()'s frame awaits it; the body prefix is not touched
+  /// while it runs).
   awaitable<std::pair<routing::router_reply, std::optional<reason>>> ask_routers(
-      const std::shared_ptr<const topology::snapshot>& snap, std::size_t app_index, std::string_view request_id,
-      std::string_view body, std::optional<std::uint64_t> truncated_total);
+      const request_state& rs, std::string_view body, std::optional<std::uint64_t> truncated_total);
   struct router_exchange {
     bool replied = false;
+    bool timed_out = false;  ///< no reply within the attempt's timeout
     unsigned status = 0;
     std::string body;
   };
   /// One attempt at one router over a pooled keep-alive connection; a stale pooled connection
-  /// is retried once on a fresh one.
+  /// is retried once on a fresh one. rq_->router_timer bounds it; its expiry cancels `call_`.
   awaitable<router_exchange> router_attempt(const topology::endpoint& ep, const std::string& request,
                                             clock::duration timeout);
+  /// The router call in progress, for its timer and abort(): its connection and whether the
+  /// timer fired.
+  struct router_call {
+    upstream::lease lease;
+    bool timed_out = false;
+  };
 
   // Watchdog: one timer per connection, moved only when a deadline comes closer.
   void arm(clock::duration d, phase p);
@@ -133,14 +172,12 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   void on_watch(error_code ec);
   awaitable<void> stop_watch();
   void park_watch();
+  /// off: no watch; on: watching; stopping: stop_watch() asked it to end; parked: the request
+  /// ended and the pending wait serves as the idle wait.
+  enum class watch : std::uint8_t { off, on, stopping, parked };
 
-  template <class Socket>
-  static void hard_close(Socket& s) {
-    // RST instead of FIN: a truncated stream must never look like a clean end (hardening G3).
-    error_code ignored;
-    s.set_option(asio::socket_base::linger(true, 0), ignored);
-    s.close(ignored);
-  }
+  /// RST instead of FIN: a truncated stream must never look like a clean end (hardening G3).
+  static void hard_close(client_socket& s);
   void release_buffers();
   unsigned char* relay_buffer();
 
@@ -188,10 +225,9 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   watchdog_timer timer_;
   clock::time_point deadline_ = clock::time_point::max();
   std::string peer_;
-  upstream::connection* router_conn_ = nullptr;
-  unsigned router_gen_ = 0;
-  bool router_timed_out_ = false;
-  upstream::connection* up_ = nullptr;  // the upstream in use, for cancellation
+  router_call* call_ = nullptr;  // the router call in progress (registration), for its timer and abort()
+  unsigned router_gen_ = 0;      // which router call the router timer belongs to
+  upstream::lease* up_ = nullptr;  // the replica connection in use (registration), for cancellation
   unsigned waits_ = 0;
   phase phase_ = phase::none;
   phase timed_out_ = phase::none;
@@ -199,12 +235,45 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   clock::time_point idle_since_;
   bool close_after_ = false;
   bool aborted_ = false;
-  bool watching_ = false;
-  bool watch_stop_ = false;
-  bool watch_parked_ = false;  ///< the watch's pending wait is the idle wait (park_watch)
+  watch watch_ = watch::off;
   bool client_gone_ = false;
   /// Present from the start of a request until the connection goes idle (worker's spares).
   std::unique_ptr<request_scratch> rq_;
+};
+
+/// One proxied request from stage to stage (session::proxy). Lives in proxy()'s coroutine frame.
+struct request_state {
+  using clock = std::chrono::steady_clock;
+  // The request, fixed once its head is read.
+  std::string target;          ///< request-target for the replica (root_path stripped)
+  std::string_view request_id;
+  unsigned client_version = 11;
+  bool head_only = false;
+  bool has_body = false;        ///< body bytes follow the head
+  bool chunked_in = false;
+  bool expect_continue = false;  ///< ingressd answers 100-continue before reading the body
+  bool close = false;            ///< the client connection closes after this response
+  // The route (decide_route); `snap` and `where` follow topology changes (connect_upstream).
+  std::shared_ptr<const topology::snapshot> snap;
+  topology::placement where;
+  bool prefer_fallback = false;  ///< the app's fallback target first (see routing::choice_inputs)
+  std::vector<std::pair<std::string, std::string>> router_headers;
+  /// A request that a pooled connection can carry again on a fresh one if the replica had closed
+  /// it while it sat in the pool: no body and an idempotent method (RFC 9110 §9.2.2), and no
+  /// router decision to honour. It skips the pool's liveness peek (a system call per request)
+  /// and is sent once more (step::again) when its reused connection fails before any response byte.
+  bool resend_ok = false;
+  bool resent = false;
+  // The upstream (connect_upstream ... relay_response).
+  std::vector<std::string> tried;          ///< keys of upstreams that refused it
+  const topology::endpoint* ep = nullptr;  ///< where it goes (in `snap`)
+  bool observed = false;                   ///< ep is a replica: passive health watches the exchange
+  upstream::lease lease;
+  topology::in_flight_mark load;
+  clock::time_point sent_at;
+  std::optional<http::relay_response_parser> rp;
+  bool chunked_out = false;  ///< the response goes to the client chunked (finish_response_head)
+  session::outcome result = session::outcome::close;  ///< set by the stage that ended it
 };
 
 /// What only a request in progress needs. Idle connections hold none of it (hardening H3): it

@@ -6,6 +6,67 @@
 
 namespace ingressd::upstream {
 
+lease& lease::operator=(lease&& o) noexcept {
+  if (this != &o) {
+    reset();
+    pool_ = o.pool_;
+    c_ = std::move(o.c_);
+    key_ = o.key_;
+    scale_ = o.scale_;
+  }
+  return *this;
+}
+
+void lease::release(bool keep_alive) {
+  if (!c_) return;
+  if (keep_alive && c_->buf.size() == 0 && pool_) pool_->put(std::move(c_), scale_);
+  else close();
+}
+
+void lease::close() noexcept {
+  if (!c_) return;
+  error_code ignored;
+  c_->sock.close(ignored);
+  c_.reset();
+}
+
+void lease::reset() noexcept {
+  if (!c_) return;
+  error_code ignored;
+  c_->sock.set_option(asio::socket_base::linger(true, 0), ignored);
+  c_->sock.close(ignored);
+  c_.reset();
+}
+
+void lease::cancel() noexcept {
+  if (!c_) return;
+  error_code ignored;
+  c_->sock.cancel(ignored);
+}
+
+awaitable<error_code> lease::connect(const tcp::endpoint& dial, const asio::io_context::executor_type& ex) {
+  reset();
+  c_ = std::make_unique<connection>(ex);
+  c_->key = *key_;
+  auto [ec] = co_await c_->sock.async_connect(dial, nothrow);
+  if (ec) {
+    close();
+    co_return ec;
+  }
+  error_code ignored;
+  c_->sock.set_option(tcp::no_delay(true), ignored);
+  co_return error_code{};
+}
+
+lease pool::acquire(const std::string& key, acquire_policy p) {
+  lease l;
+  l.pool_ = this;
+  l.key_ = &key;
+  l.scale_ = p.scale;
+  if (!p.fresh) l.c_ = take(key, p.check);
+  return l;
+}
+
 bool pool::alive(connection& c) {
   // An idle HTTP/1.1 connection must have nothing to read: EOF means the peer closed it,
   // bytes mean the peer sent something unsolicited. Either way it is unusable.

@@ -2,10 +2,13 @@
 // Header-level helpers for re-framing messages (contract §4.4): hop-by-hop filtering and the
 // serialisation of request and response heads that ingressd writes itself. Heads are built into a
 // caller-owned std::string so that a session reuses one allocation for every message it sends.
+#include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
+#include <boost/asio/buffer.hpp>
 #include <boost/beast/http/fields.hpp>
 #include <boost/beast/http/verb.hpp>
 
@@ -54,5 +57,31 @@ using ingressd::iequals;
 
 /// Chunk framing: "<hex>\r\n" for a chunk of `n` bytes, written into `out` (>= 18 bytes).
 std::size_t chunk_header(char* out, std::size_t n) noexcept;
+
+/// One relayed piece in ingressd's own framing (contract §4.4), as the buffers of one send: a
+/// head, if it goes with this piece; the piece (chunked: its size line, the bytes, CRLF); the
+/// last chunk, if the body ends here. The one framing of both directions: the request body to the
+/// replica and the response body to the client. The buffers point into this object and the
+/// caller's memory.
+class framed_piece {
+ public:
+  explicit framed_piece(bool chunked) noexcept : chunked_(chunked) {}
+  framed_piece(const framed_piece&) = delete;
+  framed_piece& operator=(const framed_piece&) = delete;
+  void head(std::string_view h) noexcept { add(h.data(), h.size()); }
+  /// Body bytes (none: nothing is added).
+  void data(const void* p, std::size_t n) noexcept;
+  /// The body ends here: the last chunk (nothing for a Content-Length body).
+  void end() noexcept;
+  bool empty() const noexcept { return n_ == 0; }
+  std::span<boost::asio::const_buffer> buffers() noexcept { return {bufs_.data(), n_}; }
+
+ private:
+  void add(const void* p, std::size_t n) noexcept { bufs_[n_++] = boost::asio::const_buffer(p, n); }
+  std::array<boost::asio::const_buffer, 5> bufs_;
+  std::size_t n_ = 0;
+  std::array<char, 18> size_line_{};
+  bool chunked_;
+};
 
 }  // namespace ingressd::http

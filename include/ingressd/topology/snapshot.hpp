@@ -35,6 +35,28 @@ struct upstream_state {
   std::atomic<std::uint64_t> downs_by_errors{0};
 };
 
+/// Counts one request in an upstream's in_flight while it is proxied there, however it ends.
+/// The state outlives the request: the request holds its snapshot.
+class in_flight_mark {
+ public:
+  in_flight_mark() = default;
+  in_flight_mark(const in_flight_mark&) = delete;
+  in_flight_mark& operator=(const in_flight_mark&) = delete;
+  ~in_flight_mark() { clear(); }
+  void set(upstream_state* s) noexcept {
+    clear();
+    s_ = s;
+    if (s_) s_->in_flight.fetch_add(1, std::memory_order_relaxed);
+  }
+  void clear() noexcept {
+    if (s_) s_->in_flight.fetch_sub(1, std::memory_order_relaxed);
+    s_ = nullptr;
+  }
+
+ private:
+  upstream_state* s_ = nullptr;
+};
+
 /// A target resolved for dialling.
 struct endpoint {
   boost::asio::ip::tcp::endpoint dial;  ///< where we connect (local_dial_host applied)

@@ -1,0 +1,38 @@
+#pragma once
+// What the session's translation units (session.cpp, session_route.cpp, session_proxy.cpp) share
+// beyond session.hpp: limits, fixed messages and small helpers over the topology view.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "ingressd/metrics/counter.hpp"
+#include "ingressd/topology/snapshot.hpp"
+
+namespace ingressd::server {
+
+/// Body bytes read ahead while a router decides (forward_body off): bounds per-request buffering.
+inline constexpr std::size_t prebody_cap = 64 * 1024;
+/// Caps a replica's response head (hardening B).
+inline constexpr std::uint32_t upstream_header_limit = 64 * 1024;
+inline constexpr std::string_view continue_100 = "HTTP/1.1 100 Continue\r\n\r\n";
+
+/// The app's fallback target when it is up (a fallback that health checks marked down is as
+/// good as none: HAProxy skips a down backup server too), else null.
+inline const topology::endpoint* usable_fallback(const topology::app_view& v) noexcept {
+  return v.fallback && v.fallback->state->up.load(std::memory_order_relaxed) ? &*v.fallback : nullptr;
+}
+
+inline bool has_healthy_replica(const topology::app_view& v) noexcept {
+  for (const auto& r : v.replicas)
+    if (r.state->up.load(std::memory_order_relaxed)) return true;
+  return false;
+}
+
+/// Counts a stream as active while a response body is being relayed.
+struct stream_guard {
+  metrics::counter& c;
+  explicit stream_guard(metrics::counter& x) : c(x) { c.add(); }
+  ~stream_guard() { c.sub(); }
+};
+
+}  // namespace ingressd::server
