@@ -161,7 +161,7 @@ awaitable<bool> exchange::wait(clock::duration d) {
         co_await asio::experimental::make_parallel_group(
             timer.async_wait(asio::deferred),
             socket_.async_read_some(buffer_.prepare(read_chunk), asio::deferred))
-            .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+            .async_wait(asio::experimental::wait_for_one(), use_awaitable);
     (void)order;
     (void)timer_ec;
     if (n > 0) buffer_.commit(n);

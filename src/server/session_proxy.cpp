@@ -90,7 +90,7 @@ awaitable<session::step> session::connect_upstream(request_state& rs) {
     for (std::size_t i = 0; i < replicas.size(); ++i) {
       const auto& r = v.replicas[i];
       replicas[i] = {r.state->up.load(std::memory_order_relaxed), r.state->in_flight.load(std::memory_order_relaxed),
-                     std::find(rs.tried.begin(), rs.tried.end(), r.key) != rs.tried.end()};
+                     !rs.tried.empty() && std::find(rs.tried.begin(), rs.tried.end(), r.key) != rs.tried.end()};
     }
     const auto* fallback = usable_fallback(v);
     const auto choice = routing::choose_upstream(

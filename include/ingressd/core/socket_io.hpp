@@ -72,7 +72,7 @@ awaitable<error_code> send(Socket& s, std::span<asio::const_buffer> bufs) {
 /// resumes at once.
 /// The rule that comes with it: a deadline or a cancellation that fires while the caller waits
 /// here finds no operation to cancel, so the caller must check for one before it reads.
-inline auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc, asio::use_awaitable); }
+inline auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc, use_awaitable); }
 
 /// Takes what the socket holds now (only when nothing is buffered yet; at most `cap` bytes
 /// buffered) and parses it here. `whole`: the complete message, else its head only. True when
