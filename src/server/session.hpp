@@ -88,9 +88,18 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// A request for app `app_index` (its request-target for the replica: `target`), through its
   /// stages; src/server/session_proxy.cpp.
   awaitable<outcome> proxy(std::size_t app_index, std::string target);
-  /// Stages. Each may end the request (step::done, with rs.result).
+  /// Stages. Each may end the request (step::done, with rs.result). A stage whose common case
+  /// needs no waiting has that part as a plain function, so that it costs no coroutine frame.
+  /// Route: true when a router decides where the request goes (the rest of decide_route).
+  bool router_decides(request_state& rs);
   awaitable<step> decide_route(request_state& rs);
+  /// Upstream: chooses it (routing::choose_upstream over the node-wide states) and takes a pooled
+  /// connection to it when there is one; connect_upstream opens one when not.
+  enum class pick : std::uint8_t { pooled, connect, none };
+  pick pick_upstream(request_state& rs);
   awaitable<step> connect_upstream(request_state& rs);
+  /// The pooled connection was stale: the request goes out once more on a fresh one.
+  static void send_again(request_state& rs);
   awaitable<step> send_request(request_state& rs);
   awaitable<step> read_response_head(request_state& rs);
   awaitable<step> relay_response(request_state& rs);
@@ -266,6 +275,8 @@ struct request_state {
   bool resent = false;
   // The upstream (connect_upstream ... relay_response).
   std::vector<std::string> tried;          ///< keys of upstreams that refused it
+  unsigned connect_failures = 0;
+  reason no_upstream = reason::no_healthy_replica;  ///< why pick_upstream found none
   const topology::endpoint* ep = nullptr;  ///< where it goes (in `snap`)
   bool observed = false;                   ///< ep is a replica: passive health watches the exchange
   upstream::lease lease;

@@ -41,9 +41,22 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     rs.expect_continue = rs.has_body;
   }
 
-  if (co_await decide_route(rs) == step::done) co_return rs.result;
-  for (;;) {  // step::again: choose, connect and send once more (see request_state::resend_ok)
-    if (co_await connect_upstream(rs) == step::done) co_return rs.result;
+  if (router_decides(rs) && co_await decide_route(rs) == step::done) co_return rs.result;
+  for (;;) {  // step::again: choose, connect and send once more
+    switch (pick_upstream(rs)) {
+      case pick::pooled:
+        break;
+      case pick::none:
+        co_await answer(rs, rs.no_upstream);
+        co_return rs.result;
+      case pick::connect:
+        if (const step s = co_await connect_upstream(rs); s != step::next) {
+          if (s == step::again) continue;  // refused: another upstream
+          co_return rs.result;
+        }
+    }
+    rs.load.set(rs.ep->state);
+    note_replica(*rs.ep, rs.connect_failures);
     if (const step s = co_await send_request(rs); s != step::next) {
       if (s == step::again) continue;
       co_return rs.result;
@@ -72,52 +85,58 @@ awaitable<session::step> session::upstream_failed(request_state& rs, reason r) {
   co_return co_await answer(rs, r);
 }
 
+session::pick session::pick_upstream(request_state& rs) {
+  if (w_.snapshot_ptr() != rs.snap) {
+    // The topology changed while we were waiting: route again in the new one.
+    auto next = w_.snapshot_ptr();
+    const auto moved = topology::remap(*rs.snap, rs.where, *next);
+    if (!moved) {
+      rs.no_upstream = reason::no_healthy_replica;
+      return pick::none;
+    }
+    rs.snap = std::move(next);
+    rs.where = *moved;
+  }
+  const auto& v = rs.snap->apps[rs.where.app];
+  boost::container::small_vector<routing::candidate, 16> replicas(v.replicas.size());
+  for (std::size_t i = 0; i < replicas.size(); ++i) {
+    const auto& r = v.replicas[i];
+    replicas[i] = {r.state->up.load(std::memory_order_relaxed), r.state->in_flight.load(std::memory_order_relaxed),
+                   !rs.tried.empty() && std::find(rs.tried.begin(), rs.tried.end(), r.key) != rs.tried.end()};
+  }
+  const auto* fallback = usable_fallback(v);
+  const auto choice = routing::choose_upstream(
+      replicas, {rs.where.pinned, rs.prefer_fallback, fallback != nullptr, !rs.tried.empty(), w_.app(rs.where.app).lb_rotor++});
+  if (choice.what == routing::choice::kind::none) {
+    rs.no_upstream = rs.tried.empty() ? reason::no_healthy_replica : reason::upstream_error;
+    return pick::none;
+  }
+  rs.observed = choice.what == routing::choice::kind::replica;
+  rs.ep = rs.observed ? &v.replicas[choice.index] : fallback;
+  using staleness = upstream::acquire_policy::staleness;
+  rs.lease = w_.pool().acquire(rs.ep->key, {rs.resend_ok ? staleness::caller_retries : staleness::peek, rs.resent, 1});
+  return rs.lease ? pick::pooled : pick::connect;
+}
+
 awaitable<session::step> session::connect_upstream(request_state& rs) {
   const auto& cfg = this->cfg();
-  rs.tried.clear();
-  unsigned connect_failures = 0;
-  for (;;) {
-    if (w_.snapshot_ptr() != rs.snap) {
-      // The topology changed while we were waiting: route again in the new one.
-      auto next = w_.snapshot_ptr();
-      const auto moved = topology::remap(*rs.snap, rs.where, *next);
-      if (!moved) co_return co_await answer(rs, reason::no_healthy_replica);
-      rs.snap = std::move(next);
-      rs.where = *moved;
-    }
-    const auto& v = rs.snap->apps[rs.where.app];
-    boost::container::small_vector<routing::candidate, 16> replicas(v.replicas.size());
-    for (std::size_t i = 0; i < replicas.size(); ++i) {
-      const auto& r = v.replicas[i];
-      replicas[i] = {r.state->up.load(std::memory_order_relaxed), r.state->in_flight.load(std::memory_order_relaxed),
-                     !rs.tried.empty() && std::find(rs.tried.begin(), rs.tried.end(), r.key) != rs.tried.end()};
-    }
-    const auto* fallback = usable_fallback(v);
-    const auto choice = routing::choose_upstream(
-        replicas, {rs.where.pinned, rs.prefer_fallback, fallback != nullptr, !rs.tried.empty(), w_.app(rs.where.app).lb_rotor++});
-    if (choice.what == routing::choice::kind::none)
-      co_return co_await answer(rs, rs.tried.empty() ? reason::no_healthy_replica : reason::upstream_error);
-    rs.observed = choice.what == routing::choice::kind::replica;
-    rs.ep = rs.observed ? &v.replicas[choice.index] : fallback;
+  arm(cfg.upstream.connect_timeout, phase::connect);
+  const error_code ec = co_await rs.lease.connect(rs.ep->dial, w_.ioc().get_executor());
+  if (aborted_) co_return finish(rs, outcome::close);
+  if (!ec) co_return step::next;
+  if (rs.observed) note_upstream_error(*rs.ep, timed_out(phase::connect) ? "connect timed out" : ec.message());
+  rs.tried.push_back(rs.ep->key);
+  if (++rs.connect_failures > cfg.upstream.retries) co_return co_await answer(rs, reason::upstream_error);
+  co_return step::again;
+}
 
-    rs.lease = w_.pool().acquire(
-        rs.ep->key, {rs.resend_ok ? upstream::acquire_policy::staleness::caller_retries : upstream::acquire_policy::staleness::peek,
-                     rs.resent, 1});
-    if (!rs.lease) {
-      arm(cfg.upstream.connect_timeout, phase::connect);
-      const error_code ec = co_await rs.lease.connect(rs.ep->dial, w_.ioc().get_executor());
-      if (aborted_) co_return finish(rs, outcome::close);
-      if (ec) {
-        if (rs.observed) note_upstream_error(*rs.ep, timed_out(phase::connect) ? "connect timed out" : ec.message());
-        rs.tried.push_back(rs.ep->key);
-        if (++connect_failures > cfg.upstream.retries) co_return co_await answer(rs, reason::upstream_error);
-        continue;
-      }
-    }
-    rs.load.set(rs.ep->state);
-    note_replica(*rs.ep, connect_failures);
-    co_return step::next;
-  }
+void session::send_again(request_state& rs) {
+  // The pooled connection the request went out on had been closed by the replica before any
+  // response byte: once more, on a fresh connection, as a new choice.
+  rs.lease.reset();
+  rs.resent = true;
+  rs.tried.clear();
+  rs.connect_failures = 0;
 }
 
 void session::build_request_head(const request_state& rs) {
@@ -194,11 +213,14 @@ awaitable<session::step> session::send_request(request_state& rs) {
     if (rs.has_body && !pre && parser_->is_done()) piece.end();
     if (piece.empty()) continue;
     arm(cfg.client.body_timeout, phase::body);
-    if (const error_code ec = co_await send(rs.lease->sock, piece.buffers())) {
+    auto pending = piece.buffers();
+    error_code ec;
+    if (!write_now(rs.lease->sock, pending, ec))
+      std::tie(ec, std::ignore) = co_await asio::async_write(rs.lease->sock, pending, nothrow);
+    if (ec) {
       if (aborted_) co_return finish(rs, outcome::close);
       if (rs.resend_ok && !rs.resent && rs.lease.reused()) {  // stale pooled connection
-        rs.lease.reset();
-        rs.resent = true;
+        send_again(rs);
         co_return step::again;
       }
       if (rs.observed) note_upstream_error(*rs.ep, ec.message());
@@ -239,8 +261,7 @@ awaitable<session::step> session::read_response_head(request_state& rs) {
       const bool timeout = timed_out(phase::first_byte);
       if (rs.resend_ok && !rs.resent && rs.lease.reused() && first_head && !rp.got_some() &&
           rs.lease->buf.size() == 0 && !timeout) {  // stale pooled connection: not one byte came back
-        rs.lease.reset();
-        rs.resent = true;
+        send_again(rs);
         co_return step::again;
       }
       // No head within first_byte_timeout is a slow replica, not a broken connection.

@@ -23,16 +23,19 @@ constexpr auto router_probe_timeout = std::chrono::seconds(1);
 
 }  // namespace
 
-awaitable<session::step> session::decide_route(request_state& rs) {
-  const auto& cfg = this->cfg();
+bool session::router_decides(request_state& rs) {
   const auto& view = rs.snap->apps[rs.where.app];
   // An app with no healthy replica (scaled to zero: Ray sends `targets: []`) goes to its fallback
   // target, the head node's Serve proxy, which scales it up: no router could name a replica.
   rs.prefer_fallback = usable_fallback(view) && !has_healthy_replica(view);
   const bool use_router = !rs.prefer_fallback && !view.router_pool.empty() && method_routed(parser_->get().method_string());
   rs.resend_ok = !use_router && !rs.has_body && http::idempotent(parser_->get().method());
-  if (!use_router) co_return step::next;
+  return use_router;
+}
 
+awaitable<session::step> session::decide_route(request_state& rs) {
+  const auto& cfg = this->cfg();
+  const auto& view = rs.snap->apps[rs.where.app];
   if (rs.expect_continue) {
     rs.expect_continue = false;
     if (!(co_await write_all(continue_100))) co_return finish(rs, outcome::close);
@@ -193,7 +196,10 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
       if (ec || call.timed_out || aborted_) co_return router_exchange{false, call.timed_out, 0, {}};
     }
     std::array<asio::const_buffer, 1> request_buf{asio::buffer(request)};
-    error_code ec = co_await send(call.lease->sock, request_buf);
+    std::span<asio::const_buffer> pending(request_buf);
+    error_code ec;
+    if (!write_now(call.lease->sock, pending, ec))
+      std::tie(ec, std::ignore) = co_await asio::async_write(call.lease->sock, pending, nothrow);
     http::status_body_parser rp;
     rp.header_limit(router_header_limit);
     rp.body_limit(router_body_limit);
