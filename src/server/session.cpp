@@ -459,6 +459,34 @@ bool session::head_now(http::bounded_buffer& in, error_code& ec) {
   return parse_now(sock_, in, in.max_size(), *parser_, false, ec);
 }
 
+std::string session::head_error_response(error_code ec) {
+  const auto& cfg = this->cfg();
+  if (timed_out(phase::head)) return http::make_response(408, "text/plain", "Request Timeout", true);
+  // A Content-Length over the limit is refused once every field is parsed: the client's id is
+  // known and goes on the 413 and its log line.
+  if (ec == bhttp::error::body_limit) choose_request_id();
+  const unsigned status = http::status_for_head_error(ec, rq_->head, http::pending(buf_), cfg.client.max_header_bytes);
+  const std::string body = status == 413 ? too_large_body(cfg.client.max_body_bytes)
+                                         : std::string(bhttp::obsolete_reason(static_cast<bhttp::status>(status)));
+  return http::make_response(status, "text/plain", body, true);
+}
+
+std::optional<std::string> session::refuse_head() {
+  const auto& req = parser_->get();
+  if (auto v = http::check_request_head(rq_->head, req); !v.ok()) {
+    // What Beast lets through but ingressd refuses (smuggling shapes, hardening A, B, D): the
+    // request goes nowhere and the connection closes.
+    std::string body(bhttp::obsolete_reason(static_cast<bhttp::status>(v.status)));
+    body.append(": ").append(v.why);
+    return http::make_response(v.status, "text/plain", body, true, 11, req.method() == bhttp::verb::head);
+  }
+  if (req.version() != 11 && req.version() != 10)
+    return http::make_response(505, "text/plain", "HTTP Version Not Supported", true);
+  if (req.target().empty() || req.target().front() != '/')
+    return http::make_response(400, "text/plain", "Bad Request", true);
+  return std::nullopt;
+}
+
 awaitable<session::outcome> session::serve_one() {
   const auto& cfg = this->cfg();
   begin_request();
@@ -480,43 +508,19 @@ awaitable<session::outcome> session::serve_one() {
       }
     }
     if (ec) {
-      if (aborted_) co_return outcome::close;
-      if (timed_out(phase::head)) {
-        co_return co_await respond(http::make_response(408, "text/plain", "Request Timeout", true), true);
-      }
-      if (ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-          ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
-        co_return outcome::close;
-      // A Content-Length over the limit is refused once every field is parsed: the client's
-      // id is known and goes on the 413 and its log line.
-      if (ec == bhttp::error::body_limit) choose_request_id();
-      unsigned status = http::status_for_head_error(ec, rq_->head, http::pending(buf_),
-                                                    cfg.client.max_header_bytes);
-      const std::string body = status == 413 ? too_large_body(cfg.client.max_body_bytes)
-                                             : std::string(bhttp::obsolete_reason(static_cast<bhttp::status>(status)));
-      co_return co_await respond(http::make_response(status, "text/plain", body, true), true);
+      if (aborted_ || ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+          ec == asio::error::connection_reset || (ec == asio::error::operation_aborted && !timed_out(phase::head)))
+        co_return outcome::close;  // the client went away (or a drain cancelled the wait)
+      co_return co_await respond(head_error_response(ec), true);
     }
     break;
   }
   w_.stats().requests.add();
   choose_request_id();
+  if (auto refusal = refuse_head()) co_return co_await respond(std::move(*refusal), true);
   const auto& req = parser_->get();
-  if (auto v = http::check_request_head(rq_->head, req); !v.ok()) {
-    // What Beast lets through but ingressd refuses (smuggling shapes, hardening A, B, D): the
-    // request goes nowhere and the connection closes.
-    std::string body(bhttp::obsolete_reason(static_cast<bhttp::status>(v.status)));
-    body.append(": ").append(v.why);
-    co_return co_await respond(
-        http::make_response(v.status, "text/plain", body, true, 11, req.method() == bhttp::verb::head), true);
-  }
-  if (req.version() != 11 && req.version() != 10) {
-    co_return co_await respond(http::make_response(505, "text/plain", "HTTP Version Not Supported", true), true);
-  }
   const bool close = !parser_->keep_alive() || close_after_;
-  std::string_view target = req.target();
-  if (target.empty() || target.front() != '/') {
-    co_return co_await respond(http::make_response(400, "text/plain", "Bad Request", true), true);
-  }
+  const std::string_view target = req.target();
   std::string_view path = routing::path_of(target);
   if ((path == "/-/healthz" || path == "/-/routes") &&
       (req.method() == bhttp::verb::get || req.method() == bhttp::verb::head)) {

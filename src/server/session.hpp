@@ -85,6 +85,12 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// operation). True when that settled it: the head is parsed, or `ec` says why not; false when
   /// more bytes must be awaited (async_read_header carries on with the same parser and buffer).
   bool head_now(http::bounded_buffer& in, error_code& ec);
+  /// The response to a request head that could not be read: 408 after header_timeout, else the
+  /// status for Beast's error (400, 413, 414, 431, 505).
+  std::string head_error_response(error_code ec);
+  /// The response refusing a head Beast read but ingressd does not forward (smuggling shapes,
+  /// versions, targets), or nullopt.
+  std::optional<std::string> refuse_head();
   /// A request for app `app_index` (its request-target for the replica: `target`), through its
   /// stages; src/server/session_proxy.cpp.
   awaitable<outcome> proxy(std::size_t app_index, std::string target);
