@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ingressd/health/checker.hpp"
+#include "ingressd/health/state_machine.hpp"
 
 namespace ingressd::health {
 namespace {
