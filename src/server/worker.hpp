@@ -154,10 +154,6 @@ class worker {
   /// relay loop). One window per worker instead of a buffer per stream: ~4 KiB less resident
   /// per open SSE stream, and the same cache lines for every response.
   unsigned char* relay_window() { return relay_window_.get(); }
-  /// Least-loaded healthy replica of app `i` (node-wide in-flight counts) not rejected by
-  /// `skip`, or nullopt.
-  template <class Skip>
-  std::optional<std::size_t> least_loaded(std::size_t i, Skip skip);
   bool healthy() const;  ///< topology loaded and (no apps, or some app has a healthy replica or fallback)
 
   void add_session(session& s);
@@ -198,26 +194,5 @@ class worker {
   std::vector<std::unique_ptr<request_scratch>> spare_scratch_;
   std::size_t spare_low_ = 0;  ///< fewest spares since the last trim: that many went unused
 };
-
-template <class Skip>
-std::optional<std::size_t> worker::least_loaded(std::size_t i, Skip skip) {
-  const auto& replicas = snap_->apps[i].replicas;
-  const std::size_t n = replicas.size();
-  if (n == 0) return std::nullopt;
-  std::optional<std::size_t> best;
-  std::uint32_t best_load = 0;
-  const std::size_t start = apps_[i].lb_rotor++ % n;
-  for (std::size_t k = 0; k < n; ++k) {
-    std::size_t r = (start + k) % n;
-    const auto& st = *replicas[r].state;
-    if (!st.up.load(std::memory_order_relaxed) || skip(r)) continue;
-    const auto load = st.in_flight.load(std::memory_order_relaxed);
-    if (!best || load < best_load) {
-      best = r;
-      best_load = load;
-    }
-  }
-  return best;
-}
 
 }  // namespace ingressd::server
