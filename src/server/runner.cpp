@@ -257,8 +257,13 @@ int run(int argc, const char* const* argv) {
     spdlog::error("cannot start: {}", e.what());
     return 1;
   }
+  // The ports as bound: with port 0 the kernel chose them (tests, scripts read them here).
+  const auto bound = [](config::host_port hp, std::uint16_t port) {
+    hp.port = port;
+    return hp.to_string();
+  };
   spdlog::info("ingressd {} listening on {} (admin {}), {} threads, node ip {} ({}), topology {}",
-               INGRESSD_VERSION, cfg->listen.to_string(), cfg->admin_listen.to_string(),
+               INGRESSD_VERSION, bound(cfg->listen, d.port()), bound(cfg->admin_listen, d.admin_port()),
                cfg->effective_threads(), node.ip, node.how, source);
 
   topology::source_callbacks callbacks{

@@ -118,36 +118,39 @@ class Demo(Daemon):
         self.port, self.admin_port = int(port.group(1)), int(admin.group(1))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class FileDaemon(Daemon):
-    """ingressd with a topology file (a real, polling topology source) on free loopback ports;
-    returns once both listeners accept."""
+    """ingressd with a topology file (a real, polling topology source) on ports the kernel picks,
+    read back from its startup line (ports picked in advance could be taken by a test running
+    beside this one); returns once both listeners accept."""
+
+    LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+) \(admin 127\.0\.0\.1:(\d+)\)")
 
     def __init__(self, binary, topology_file, *extra_args, timeout=15):
         self.dir = tempfile.mkdtemp(prefix="ingressd-test-")
         config = os.path.join(self.dir, "ingressd.yaml")
         with open(config, "w", encoding="utf-8") as f:
             f.write("drain:\n  min_period: 0s\n  timeout: 5s\n")
-        port, admin_port = free_port(), free_port()
         super().__init__([binary, "--config", config, "--topology-file", topology_file,
-                          "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+                          "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
                           "--threads", "2", "--node-ip", "127.0.0.1", *extra_args])
-        self.port, self.admin_port = port, admin_port
-        for p in (port, admin_port):
+        try:
+            wait_until(lambda: self.proc.poll() is not None or self.LISTENING.search(self.output()), timeout,
+                       "the startup line")
+        except SystemExit:
+            self.close()
+            raise
+        found = self.LISTENING.search(self.output())
+        if self.proc.poll() is not None or not found:
+            out = self.output()
+            self.close()
+            raise SystemExit(f"FAIL: ingressd exited {self.proc.returncode} or printed no ports:\n{out}")
+        self.port, self.admin_port = int(found.group(1)), int(found.group(2))
+        for p in (self.port, self.admin_port):
             try:
-                wait_until(lambda: self.proc.poll() is not None or accepts(p), timeout, f"port {p} to accept")
+                wait_until(lambda: accepts(p), timeout, f"port {p} to accept")
             except SystemExit:
                 self.close()
                 raise
-            if self.proc.poll() is not None:
-                out = self.output()
-                self.close()
-                raise SystemExit(f"FAIL: ingressd exited {self.proc.returncode}:\n{out}")
 
     def close(self):
         super().close()

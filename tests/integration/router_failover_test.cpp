@@ -164,22 +164,21 @@ TEST(RouterFailover, HungRouterCostsTimeoutOnceThenIsTriedLast) {
     }
   }
   ASSERT_EQ(hits, 1) << "the hung router was never tried first";
-  // It waited for the router timeout, then failed over to the live router.
+  // It waited for the router timeout (no sooner), gave up on the hung router (its connection
+  // closed), then failed over to the live router.
   EXPECT_GE(first_hit, 290ms) << ms(first_hit) << "ms";
-  EXPECT_LT(first_hit, 1500ms) << ms(first_hit) << "ms";
+  EXPECT_TRUE(hung->wait_for_disconnects(1, 5s));
   const auto live_before = live->route_requests().size();
 
-  // The next requests do not each pay the timeout again.
-  const auto t0 = testing::clock::now();
+  // The next requests do not each pay the timeout again: the hung router is not asked by them
+  // (a request that did ask it would wait the timeout), but at most once more as a probe.
   for (int i = 0; i < 10; ++i) {
     auto r = exchange(conn, p);
     ASSERT_TRUE(r.complete) << r.error;
     ASSERT_EQ(r.status, 200u) << r.body;
   }
-  const auto took = testing::clock::now() - t0;
-  EXPECT_LT(took, 1000ms) << "10 requests took " << ms(took) << "ms (10 x 300ms = 3000ms)";
   EXPECT_EQ(live->route_requests().size(), live_before + 10);
-  EXPECT_LE(hung->request_count(), 2u);  // at most one probe after the back-off
+  EXPECT_LE(hung->request_count(), 2u);
 }
 
 TEST(RouterFailover, RouterThatComesBackGetsItsShareAgain) {

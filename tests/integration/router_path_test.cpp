@@ -686,10 +686,10 @@ TEST(RouterPath, RouterCallStartsBeforeBodyArrives) {
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_LT(calls[0].head_at, body_sent);
   EXPECT_EQ(calls[0].header("content-length").value_or(""), "0");
-  const auto elapsed = r.finished_at - head_sent;
-  // Router delay (300ms) and upload (200ms) overlap: far less than 500ms in all.
-  EXPECT_GE(elapsed, 300ms);
-  EXPECT_LT(elapsed, 480ms) << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count() << "ms";
+  // Router delay (300ms) and upload (200ms) overlap: the call began before the body was sent
+  // (above), and the replica got the body after that (no wall-clock bound, which a loaded
+  // machine could break).
+  EXPECT_GE(r.finished_at - head_sent, 300ms);
   auto seen = a->requests();
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].body, body);
