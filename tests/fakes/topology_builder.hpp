@@ -31,12 +31,12 @@ topology::target target_of(const Server& s) {
   return make_target(s.port(), s.name(), s.bind_ip());
 }
 
-/// A loopback port that nothing listens on: bound once by the kernel's choice, then closed, so a
-/// connect to it is refused.
-inline std::uint16_t dead_port() {
+/// A port on loopback address `ip` that nothing listens on: bound once by the kernel's choice,
+/// then closed, so a connect to it is refused.
+inline std::uint16_t dead_port(const std::string& ip = "127.0.0.1") {
   boost::asio::io_context ioc;
   boost::asio::ip::tcp::acceptor a(ioc);
-  boost::asio::ip::tcp::endpoint ep(boost::asio::ip::make_address("127.0.0.1"), 0);
+  boost::asio::ip::tcp::endpoint ep(boost::asio::ip::make_address(ip), 0);
   a.open(ep.protocol());
   a.bind(ep);
   const auto port = a.local_endpoint().port();

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fakes/http_client.hpp"
+#include "fakes/servers.hpp"
 #include "fakes/proxy_fixture.hpp"
 #include "fakes/topology_builder.hpp"
 #include "ingressd/demo/replica_server.hpp"
@@ -53,13 +54,11 @@ config::config hardening_config() {
   return cfg;
 }
 
-replica_server::options named(std::string name, std::chrono::milliseconds token_delay = 20ms, std::size_t tokens = 8) {
-  return {.name = std::move(name), .bind_ip = loopback, .port = 0, .token_delay = token_delay, .tokens = tokens};
-}
+using testing::replica_named;
 
 /// One replica serving app "/" behind a proxy.
 struct env {
-  explicit env(config::config cfg = hardening_config(), replica_server::options o = named(replica_name))
+  explicit env(config::config cfg = hardening_config(), replica_server::options o = replica_named(replica_name))
       : r(std::move(o)), p(std::move(cfg)) {
     p.set_topology(topology_builder().app("app", "/", {target_of(r)}));
   }
@@ -319,7 +318,7 @@ TEST(Hardening, A10_router_endless_chunk_line_is_no_reply) {
   const auto endless_reply = router_behaviour::respond(
       200, "1" + std::string(endless_bytes, '0'),
       {{"Content-Type", "application/json"}, {"Transfer-Encoding", "chunked"}});
-  replica_server r(named(replica_name));
+  replica_server r(replica_named(replica_name));
   // Bound to the proxy's node ip (127.0.0.2), so both routers are co-located and in the pool.
   router_server bad({.name = "SERVE_REPLICA::app#Router#bad", .bind_ip = "127.0.0.2", .port = 0});
   router_server good({.name = "SERVE_REPLICA::app#Router#good", .bind_ip = "127.0.0.2", .port = 0});
@@ -767,7 +766,7 @@ TEST(Hardening, E5_client_forwarding_headers_replaced) {
 TEST(Hardening, E6_internal_headers_only_from_the_router) {
   // ingressd has no internal headers of its own toward replicas; headers the router sets
   // (request_headers) replace any client-sent header of the same name.
-  replica_server r(named(replica_name));
+  replica_server r(replica_named(replica_name));
   router_server router({.name = "SERVE_REPLICA::app#Router#1", .bind_ip = loopback, .port = 0});
   router.set_replicas({replica_name});
   router.set_behaviour(router_behaviour::round_robin().with_request_headers({{"x-target-replica", "from-router"}}));
@@ -882,7 +881,7 @@ TEST(Hardening, F5_pipelined_requests_answered_in_order) {
 }
 
 TEST(Hardening, F6_http10_stream_close_delimited) {
-  env e(hardening_config(), named(replica_name, 10ms, 4));
+  env e(hardening_config(), replica_named(replica_name, 10ms, 4));
   const std::string raw = "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: " +
                           std::to_string(stream_body.size()) + "\r\n\r\n" + stream_body;
   auto c = send_raw(loopback, e.p.port(), raw);
@@ -907,7 +906,7 @@ TEST(Hardening, F7_sse_events_not_buffered) {
 // G. Streaming lifecycle faults
 
 TEST(Hardening, G1_client_disconnect_mid_stream_closes_upstream) {
-  env e(hardening_config(), named(replica_name, 50ms, 200));
+  env e(hardening_config(), replica_named(replica_name, 50ms, 200));
   auto c = connection::open(loopback, e.p.port());
   ASSERT_TRUE(c.write(stream_request()));
   auto partial = c.read_response(300ms);
@@ -921,7 +920,7 @@ TEST(Hardening, G1_client_disconnect_mid_stream_closes_upstream) {
 TEST(Hardening, G2_client_half_close_aborts_the_exchange) {
   // Deliberate: an EOF from the client is a client abort even after a complete request (as
   // uvicorn and HAProxy's abortonclose treat it); the upstream is closed, no response follows.
-  env e(hardening_config(), named(replica_name, 50ms, 200));
+  env e(hardening_config(), replica_named(replica_name, 50ms, 200));
   auto c = connection::open(loopback, e.p.port());
   ASSERT_TRUE(c.write(stream_request()));
   c.shutdown_write();
@@ -931,7 +930,7 @@ TEST(Hardening, G2_client_half_close_aborts_the_exchange) {
 }
 
 TEST(Hardening, G3_upstream_reset_mid_stream_aborts_client) {
-  env e(hardening_config(), named(replica_name, 30ms, 8));
+  env e(hardening_config(), replica_named(replica_name, 30ms, 8));
   e.r.set_behaviour(replica_behaviour::reset_after_events(3));
   auto c = connection::open(loopback, e.p.port());
   ASSERT_TRUE(c.write(stream_request()));
@@ -944,7 +943,7 @@ TEST(Hardening, G3_upstream_reset_mid_stream_aborts_client) {
 }
 
 TEST(Hardening, G4_connect_refused_fails_over) {
-  replica_server live(named(replica_name));
+  replica_server live(replica_named(replica_name));
   proxy p(hardening_config());
   p.set_topology(topology_builder().app(
       "app", "/", {testing::make_target(testing::dead_port(), "SERVE_REPLICA::app#dead#1"), target_of(live)}));
@@ -957,8 +956,8 @@ TEST(Hardening, G4_connect_refused_fails_over) {
 }
 
 TEST(Hardening, G5_failure_after_request_sent_not_retried) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
-  replica_server b(named("SERVE_REPLICA::app#A#2"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
+  replica_server b(replica_named("SERVE_REPLICA::app#A#2"));
   a.set_behaviour(replica_behaviour::close_before_headers());
   b.set_behaviour(replica_behaviour::close_before_headers());
   proxy p(hardening_config());
@@ -971,7 +970,7 @@ TEST(Hardening, G5_failure_after_request_sent_not_retried) {
 }
 
 TEST(Hardening, G6_stale_pooled_connection_not_reused) {
-  auto a = std::make_unique<replica_server>(named(replica_name));
+  auto a = std::make_unique<replica_server>(replica_named(replica_name));
   const auto port = a->port();
   proxy p(hardening_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(*a)}));

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "fakes/http_client.hpp"
+#include "fakes/servers.hpp"
 #include "fakes/proxy_fixture.hpp"
 #include "fakes/topology_builder.hpp"
 #include "ingressd/demo/replica_server.hpp"
@@ -28,9 +29,7 @@ using testing::topology_builder;
 
 const std::string loopback = "127.0.0.1";
 
-replica_server::options named(std::string name) {
-  return {.name = std::move(name), .bind_ip = loopback, .port = 0, .token_delay = 20ms, .tokens = 8};
-}
+using testing::replica_named;
 
 void route_all_to(proxy& p, const replica_server& r) { p.set_topology(topology_builder().app("app", "/", {target_of(r)})); }
 
@@ -46,7 +45,7 @@ config::config limits_config() {
 }
 
 TEST(Limits, HeaderSectionOverMaxHeaderBytesIs431) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(limits_config());
   route_all_to(p, r);
 
@@ -70,7 +69,7 @@ TEST(Limits, HeaderSectionOverMaxHeaderBytesIs431) {
 }
 
 TEST(Limits, DeclaredBodyOverMaxBodyBytesIs413BeforeTheBodyIsRead) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(limits_config());
   route_all_to(p, r);
 
@@ -95,7 +94,7 @@ TEST(Limits, DeclaredBodyOverMaxBodyBytesIs413BeforeTheBodyIsRead) {
 }
 
 TEST(Limits, ExpectContinueWithTooLargeBodyGets413Without100) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(limits_config());
   route_all_to(p, r);
 
@@ -109,7 +108,7 @@ TEST(Limits, ExpectContinueWithTooLargeBodyGets413Without100) {
 }
 
 TEST(Limits, ChunkedBodyGrowingPastMaxBodyBytesIsRefused) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(limits_config());
   route_all_to(p, r);
 
@@ -131,7 +130,7 @@ TEST(Limits, ChunkedBodyGrowingPastMaxBodyBytesIsRefused) {
 }
 
 TEST(Limits, PartialHeadTimesOutWith408ThenClose) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   auto cfg = limits_config();
   cfg.client.header_timeout = 300ms;
   proxy p(cfg);
@@ -153,7 +152,7 @@ TEST(Limits, PartialHeadTimesOutWith408ThenClose) {
 }
 
 TEST(Limits, HeaderTimeoutIsTotalNotResetByDrippingBytes) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   auto cfg = limits_config();
   cfg.client.header_timeout = 300ms;
   proxy p(cfg);
@@ -180,7 +179,7 @@ TEST(Limits, HeaderTimeoutIsTotalNotResetByDrippingBytes) {
 }
 
 TEST(Limits, KeepAliveIdleTimeoutClosesQuietly) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   auto cfg = limits_config();
   cfg.client.keepalive_timeout = 300ms;
   proxy p(cfg);
@@ -214,7 +213,7 @@ TEST(Limits, NewConnectionThatSendsNothingIsClosedQuietly) {
 }
 
 TEST(Limits, StalledRequestBodyTimesOutWith408) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   auto cfg = limits_config();
   cfg.client.body_timeout = 300ms;
   proxy p(cfg);
@@ -236,7 +235,7 @@ TEST(Limits, StalledRequestBodyTimesOutWith408) {
 }
 
 TEST(Limits, ConnectionsBeyondMaxConnectionsAreRefused) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   auto cfg = limits_config();
   cfg.client.max_connections = 2;
   proxy p(cfg);

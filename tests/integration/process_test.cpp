@@ -16,6 +16,7 @@
 #include "fakes/admin_client.hpp"
 #include "fakes/http_client.hpp"
 #include "fakes/process.hpp"
+#include "fakes/servers.hpp"
 #include "fakes/topology_builder.hpp"
 #include "ingressd/topology/source.hpp"
 #include "ingressd/demo/replica_server.hpp"
@@ -615,8 +616,7 @@ std::string ray_fixture(const std::string& name, const std::map<std::pair<std::s
 }
 
 std::unique_ptr<demo::replica_server> fake_replica(const std::string& ip, const std::string& name) {
-  return std::make_unique<demo::replica_server>(
-      demo::replica_server::options{.name = name, .bind_ip = ip, .port = 0, .token_delay = 1ms, .tokens = 2});
+  return testing::make_replica(name, ip);
 }
 
 TEST_F(Process, RayFixtureDirectIngressDashboardRoutesThroughTheColocatedRouter) {
@@ -745,8 +745,9 @@ TEST_F(Process, PassiveHealthMarksDownAtOnceAndTheActiveChecksBringItBack) {
       << p->output();
 
   // Back on its port: the checker, told of the mark, checks it every fast_interval until it rises.
-  b = std::make_unique<demo::replica_server>(
-      demo::replica_server::options{.name = "replica-b", .bind_ip = "127.0.0.1", .port = b_port, .token_delay = 1ms, .tokens = 2});
+  auto b_options = testing::replica_named("replica-b", 1ms, 2);
+  b_options.port = b_port;
+  b = std::make_unique<demo::replica_server>(b_options);
   ASSERT_TRUE(eventually([&] { return testing::topology_upstream(admin_topology(), "llm", "replica-b")["health"] == "up"; },
                          10s))
       << p->output();

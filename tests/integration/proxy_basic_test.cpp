@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fakes/http_client.hpp"
+#include "fakes/servers.hpp"
 #include "fakes/proxy_fixture.hpp"
 #include "fakes/topology_builder.hpp"
 #include "ingressd/demo/replica_server.hpp"
@@ -39,9 +40,7 @@ using testing::topology_builder;
 
 const std::string loopback = "127.0.0.1";
 
-replica_server::options named(std::string name, std::chrono::milliseconds token_delay = 20ms, std::size_t tokens = 8) {
-  return {.name = std::move(name), .bind_ip = loopback, .port = 0, .token_delay = token_delay, .tokens = tokens};
-}
+using testing::replica_named;
 
 /// The target the replica's JSON echo reports (what the replica saw as request-target).
 std::string echoed_target(const testing::http_response& r) {
@@ -59,7 +58,7 @@ std::string get_req(const proxy& p, std::string_view target, const testing::head
 // --- 1. Relaying, keep-alive, pipelining ----------------------------------------------------------
 
 TEST(ProxyBasic, GetReachesReplicaWithBodyIntact) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -83,7 +82,7 @@ TEST(ProxyBasic, GetReachesReplicaWithBodyIntact) {
 
 TEST(ProxyBasic, ListenersAcceptAHostName) {
   // listen / admin_listen take "host:port"; a name is resolved once at startup (IPv4 first).
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   auto cfg = test_config();
   cfg.listen = {"localhost", 0};
   cfg.admin_listen = {"localhost", 0};
@@ -96,7 +95,7 @@ TEST(ProxyBasic, ListenersAcceptAHostName) {
 }
 
 TEST(ProxyBasic, KeepAliveServesThreeRequestsOnOneConnection) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -118,7 +117,7 @@ TEST(ProxyBasic, KeepAliveServesThreeRequestsOnOneConnection) {
 }
 
 TEST(ProxyBasic, PipelinedRequestsAreAnsweredInOrder) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -146,8 +145,8 @@ TEST(ProxyBasic, PipelinedRequestsAreAnsweredInOrder) {
 // --- 2. Route matching ------------------------------------------------------------------------
 
 TEST(ProxyBasic, LongestMatchingPrefixWins) {
-  replica_server root(named("SERVE_REPLICA::root#R#1"));
-  replica_server api(named("SERVE_REPLICA::api#A#1"));
+  replica_server root(replica_named("SERVE_REPLICA::root#R#1"));
+  replica_server api(replica_named("SERVE_REPLICA::api#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("root", "/", {target_of(root)}).app("api", "/api", {target_of(api)}));
 
@@ -171,7 +170,7 @@ TEST(ProxyBasic, LongestMatchingPrefixWins) {
 }
 
 TEST(ProxyBasic, NoMatchingRouteIs404NoRoute) {
-  replica_server api(named("SERVE_REPLICA::api#A#1"));
+  replica_server api(replica_named("SERVE_REPLICA::api#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("api", "/api", {target_of(api)}));
 
@@ -201,8 +200,8 @@ TEST(ProxyBasic, NoMatchingRouteIs404NoRoute) {
 }
 
 TEST(ProxyBasic, RootPathIsStrippedBeforeMatchingAndForwarding) {
-  replica_server root(named("SERVE_REPLICA::root#R#1"));
-  replica_server api(named("SERVE_REPLICA::api#A#1"));
+  replica_server root(replica_named("SERVE_REPLICA::root#R#1"));
+  replica_server api(replica_named("SERVE_REPLICA::api#A#1"));
   auto cfg = test_config();
   cfg.root_path = "/root";
   proxy p(cfg);
@@ -232,8 +231,8 @@ TEST(ProxyBasic, RootPathIsStrippedBeforeMatchingAndForwarding) {
 // --- 3. Least-loaded --------------------------------------------------------------------------
 
 TEST(ProxyBasic, LeastLoadedAvoidsReplicaHoldingAStream) {
-  replica_server a(named("SERVE_REPLICA::app#A#1", 100ms, 60));  // a stream lasts ~6 s
-  replica_server b(named("SERVE_REPLICA::app#B#1", 100ms, 60));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1", 100ms, 60));  // a stream lasts ~6 s
+  replica_server b(replica_named("SERVE_REPLICA::app#B#1", 100ms, 60));
   proxy p(test_config(1));
   p.set_topology(topology_builder().app("app", "/", {target_of(a), target_of(b)}));
 
@@ -272,7 +271,7 @@ TEST(ProxyBasic, LeastLoadedAvoidsReplicaHoldingAStream) {
 // --- 4. Connect retry, no replicas, fallback ----------------------------------------------------
 
 TEST(ProxyBasic, ConnectFailureIsRetriedOnAnotherReplica) {
-  replica_server live(named("SERVE_REPLICA::app#live#1"));
+  replica_server live(replica_named("SERVE_REPLICA::app#live#1"));
   proxy p(test_config(1));
   p.set_topology(topology_builder().app("app", "/", {make_target(dead_port(), "SERVE_REPLICA::app#dead#1"), target_of(live)}));
 
@@ -289,7 +288,7 @@ TEST(ProxyBasic, ConnectFailureIsRetriedOnAnotherReplica) {
 }
 
 TEST(ProxyBasic, PooledConnectionClosedByRestartedReplicaIsNotReused) {
-  auto a = std::make_unique<replica_server>(named("SERVE_REPLICA::app#A#1"));
+  auto a = std::make_unique<replica_server>(replica_named("SERVE_REPLICA::app#A#1"));
   const auto port = a->port();
   proxy p(test_config(1));
   p.set_topology(topology_builder().app("app", "/", {target_of(*a)}));
@@ -310,7 +309,7 @@ TEST(ProxyBasic, PooledConnectionClosedByRestartedReplicaIsNotReused) {
 TEST(ProxyBasic, GetOnAPooledConnectionTheRestartedReplicaClosedIsSentAgainOnAFreshOne) {
   // A GET takes its pooled connection without the liveness peek: the dead connection fails
   // before any response byte and the request goes once more on a fresh connection.
-  auto a = std::make_unique<replica_server>(named("SERVE_REPLICA::app#A#1"));
+  auto a = std::make_unique<replica_server>(replica_named("SERVE_REPLICA::app#A#1"));
   const auto port = a->port();
   proxy p(test_config(1));
   p.set_topology(topology_builder().app("app", "/", {target_of(*a)}));
@@ -327,7 +326,7 @@ TEST(ProxyBasic, GetOnAPooledConnectionTheRestartedReplicaClosedIsSentAgainOnAFr
 }
 
 TEST(ProxyBasic, GetIsSentAgainOnlyOnceAndOnlyAfterAReusedConnectionFails) {
-  replica_server r(named("SERVE_REPLICA::app#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config(1));
   p.set_topology(topology_builder().app("app", "/", {target_of(r)}));
   ASSERT_EQ(http_get(loopback, p.port(), "/warm").status, 200u);  // pools a connection
@@ -373,7 +372,7 @@ TEST(ProxyBasic, AllReplicasDeadIs502UpstreamError) {
 }
 
 TEST(ProxyBasic, AppWithoutReplicasIs503NoHealthyReplica) {
-  replica_server other(named("SERVE_REPLICA::other#O#1"));
+  replica_server other(replica_named("SERVE_REPLICA::other#O#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("empty", "/empty", {}).app("other", "/", {target_of(other)}));
   auto r = http_get(loopback, p.port(), "/empty/x");
@@ -384,7 +383,7 @@ TEST(ProxyBasic, AppWithoutReplicasIs503NoHealthyReplica) {
 }
 
 TEST(ProxyBasic, FallbackTargetServesAppWithoutReplicas) {
-  replica_server fallback(named("SERVE_REPLICA::head#proxy#1"));
+  replica_server fallback(replica_named("SERVE_REPLICA::head#proxy#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("empty", "/", {}).fallback(target_of(fallback)));
   auto r = http_get(loopback, p.port(), "/v1/models");
@@ -397,7 +396,7 @@ TEST(ProxyBasic, FallbackTargetServesAppWithoutReplicas) {
 // --- 5. Forwarding rules (§4.4) -----------------------------------------------------------------
 
 TEST(ProxyBasic, RequestHopByHopHeadersAreRemoved) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -428,7 +427,7 @@ TEST(ProxyBasic, RequestHopByHopHeadersAreRemoved) {
 }
 
 TEST(ProxyBasic, ResponseHopByHopHeadersAreRemoved) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   a.set_behaviour(replica_behaviour::respond(200,
                                              {{"Content-Type", "text/plain"},
                                               {"Connection", "X-Hop"},
@@ -458,7 +457,7 @@ TEST(ProxyBasic, ResponseHopByHopHeadersAreRemoved) {
 }
 
 TEST(ProxyBasic, UpstreamConnectionCloseDoesNotCloseTheClientConnection) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   a.queue_behaviour(replica_behaviour::respond(200, {{"Connection", "close"}}, "bye"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
@@ -477,7 +476,7 @@ TEST(ProxyBasic, UpstreamConnectionCloseDoesNotCloseTheClientConnection) {
 }
 
 TEST(ProxyBasic, RepeatedEndToEndHeadersKeepTheirOrderBothWays) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   a.set_behaviour(replica_behaviour::respond(200, {{"Set-Cookie", "a=1"}, {"X-Mid", "m"}, {"Set-Cookie", "b=2"}}, "ok"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
@@ -498,7 +497,7 @@ TEST(ProxyBasic, RepeatedEndToEndHeadersKeepTheirOrderBothWays) {
 }
 
 TEST(ProxyBasic, ChunkedResponseIsReframed) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   a.set_behaviour(replica_behaviour::respond(
       200, {{"Content-Type", "text/plain"}, {"Transfer-Encoding", "chunked"}},
       "5;ext=upstream-secret\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"));
@@ -519,7 +518,7 @@ TEST(ProxyBasic, ChunkedResponseIsReframed) {
 }
 
 TEST(ProxyBasic, BytesAfterTheUpstreamResponseNeverReachTheNextRequest) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   // Content-Length 5, then what looks like a second response (response splitting, hardening A15).
   a.queue_behaviour(replica_behaviour::respond(
       200, {{"Content-Length", "5"}},
@@ -556,7 +555,7 @@ TEST(ProxyBasic, BytesAfterTheUpstreamResponseNeverReachTheNextRequest) {
 }
 
 TEST(ProxyBasic, ForwardedHeadersReplaceClientValues) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -572,7 +571,7 @@ TEST(ProxyBasic, ForwardedHeadersReplaceClientValues) {
 }
 
 TEST(ProxyBasic, RequestIdIsGeneratedWhenAbsentAndKeptWhenSent) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -593,7 +592,7 @@ TEST(ProxyBasic, RequestIdIsGeneratedWhenAbsentAndKeptWhenSent) {
 }
 
 TEST(ProxyBasic, ExpectContinueIsAnsweredByIngressd) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -619,7 +618,7 @@ TEST(ProxyBasic, ExpectContinueIsAnsweredByIngressd) {
 }
 
 TEST(ProxyBasic, ChunkedRequestBodyIsReframedAndDeliveredIntact) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -649,7 +648,7 @@ TEST(ProxyBasic, ChunkedRequestBodyIsReframedAndDeliveredIntact) {
 }
 
 TEST(ProxyBasic, ContentLengthBodyIsDeliveredIntact) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -666,7 +665,7 @@ TEST(ProxyBasic, ContentLengthBodyIsDeliveredIntact) {
 }
 
 TEST(ProxyBasic, HeadGetsNoBodyAndConnectionStaysUsable) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -690,7 +689,7 @@ TEST(ProxyBasic, HeadGetsNoBodyAndConnectionStaysUsable) {
 }
 
 TEST(ProxyBasic, NoContentAndNotModifiedPassWithoutBody) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   a.queue_behaviour(replica_behaviour::respond(204, {{"X-Which", "204"}}, ""));
   a.queue_behaviour(replica_behaviour::respond(304, {{"X-Which", "304"}, {"ETag", "\"v1\""}}, ""));
   proxy p(test_config());
@@ -719,7 +718,7 @@ TEST(ProxyBasic, NoContentAndNotModifiedPassWithoutBody) {
 TEST(ProxyBasic, LargeResponseBodyIsRelayedIntact) {
   std::string big(1 << 20, '\0');
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>((i * 31 + 7) % 253);
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   a.set_behaviour(replica_behaviour::respond(200, {{"Content-Type", "application/octet-stream"}}, big));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
@@ -736,7 +735,7 @@ TEST(ProxyBasic, LargeResponseBodyIsRelayedIntact) {
 }
 
 TEST(ProxyBasic, Http10ClientKeepAliveOnlyWhenAsked) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
 
@@ -756,7 +755,7 @@ TEST(ProxyBasic, Http10ClientKeepAliveOnlyWhenAsked) {
 }
 
 TEST(ProxyBasic, InterimResponsesAreForwardedToHttp11ClientsOnly) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   // A 103 Early Hints head, then the final response (the fake writes the body bytes verbatim
   // after a bodiless 1xx head).
   const auto early_then_final = replica_behaviour::respond(
@@ -789,7 +788,7 @@ TEST(ProxyBasic, InterimResponsesAreForwardedToHttp11ClientsOnly) {
 }
 
 TEST(ProxyBasic, UnrequestedUpgradeFromReplicaIs502) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   a.set_behaviour(replica_behaviour::respond(101, {{"Upgrade", "websocket"}, {"Connection", "Upgrade"}}, ""));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}));
@@ -802,8 +801,8 @@ TEST(ProxyBasic, UnrequestedUpgradeFromReplicaIs502) {
 // --- 8. ingressd's own endpoints (§5) -------------------------------------------------------------
 
 TEST(ProxyBasic, HealthzAndRoutesWithTopology) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
-  replica_server b(named("SERVE_REPLICA::api#B#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
+  replica_server b(replica_named("SERVE_REPLICA::api#B#1"));
   proxy p(test_config());
   p.set_topology(topology_builder().app("app", "/", {target_of(a)}).app("api", "/api", {target_of(b)}));
 
@@ -845,7 +844,7 @@ TEST(ProxyBasic, HealthzFailsWhenNoAppHasAReplica) {
 }
 
 TEST(ProxyBasic, HealthzFailsDuringDrain) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
   auto cfg = test_config();
   cfg.drain.min_period = 30s;  // the listener keeps accepting for the whole test
   proxy p(cfg);
@@ -868,8 +867,8 @@ TEST(ProxyBasic, HealthzFailsDuringDrain) {
 // --- 9. Several worker threads ------------------------------------------------------------------
 
 TEST(ProxyBasic, TwoWorkersServeManyRequestsOverSeveralConnections) {
-  replica_server a(named("SERVE_REPLICA::app#A#1"));
-  replica_server b(named("SERVE_REPLICA::app#B#1"));
+  replica_server a(replica_named("SERVE_REPLICA::app#A#1"));
+  replica_server b(replica_named("SERVE_REPLICA::app#B#1"));
   proxy p(test_config(2));
   p.set_topology(topology_builder().app("app", "/", {target_of(a), target_of(b)}));
 

@@ -17,6 +17,7 @@
 #include "fakes/admin_client.hpp"
 #include "fakes/http_client.hpp"
 #include "fakes/proxy_fixture.hpp"
+#include "fakes/servers.hpp"
 #include "fakes/topology_builder.hpp"
 #include "ingressd/demo/replica_server.hpp"
 #include "ingressd/demo/router_server.hpp"
@@ -38,14 +39,8 @@ using testing::target_of;
 const std::string node_ip = "127.0.0.2";
 const std::string loopback = "127.0.0.1";
 
-std::unique_ptr<replica_server> replica(const std::string& name) {
-  return std::make_unique<replica_server>(
-      replica_server::options{.name = name, .bind_ip = loopback, .port = 0, .token_delay = 1ms, .tokens = 2});
-}
-
-std::unique_ptr<router_server> router(const std::string& name) {
-  return std::make_unique<router_server>(router_server::options{.name = name, .bind_ip = node_ip, .port = 0});
-}
+std::unique_ptr<replica_server> replica(const std::string& name) { return testing::make_replica(name); }
+std::unique_ptr<router_server> router(const std::string& name) { return testing::make_router(node_ip, name); }
 
 config::config parity_config(unsigned threads = 1) {
   auto c = testing::test_config(threads);
@@ -329,10 +324,8 @@ TEST(RayParity, ErrorLimitZeroLeavesHealthToTheActiveChecks) {
 TEST(RayParity, LeastLoadedCountsRequestsOfEveryWorker) {
   // 8 long requests over 2 workers and 2 replicas: 4 each. With per-worker counts, a worker
   // that got 5 of the connections sent 3 to one replica and 2 to the other: 5/3 overall.
-  auto a = std::make_unique<replica_server>(
-      replica_server::options{.name = "a", .bind_ip = loopback, .port = 0, .token_delay = 1ms, .tokens = 2});
-  auto b = std::make_unique<replica_server>(
-      replica_server::options{.name = "b", .bind_ip = loopback, .port = 0, .token_delay = 1ms, .tokens = 2});
+  auto a = replica("a");
+  auto b = replica("b");
   a->set_behaviour(replica_behaviour::hang());
   b->set_behaviour(replica_behaviour::hang());
   testing::proxy p(parity_config(2), node_ip);

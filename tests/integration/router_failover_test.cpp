@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "fakes/http_client.hpp"
+#include "fakes/servers.hpp"
+#include "fakes/topology_builder.hpp"
 #include "fakes/proxy_fixture.hpp"
 #include "ingressd/core/asio.hpp"
 #include "ingressd/demo/replica_server.hpp"
@@ -31,27 +33,14 @@ const std::string node_ip = "127.0.0.2";
 const std::string replica_ip = "127.0.0.1";
 const std::string proxy_host = "127.0.0.1";
 
+/// Routers of this file stand on this node (tests/fakes/servers.hpp makes them).
 std::unique_ptr<router_server> make_router(const std::string& name, std::uint16_t port = 0) {
-  return std::make_unique<router_server>(router_server::options{.name = name, .bind_ip = node_ip, .port = port});
+  return testing::make_router(node_ip, name, port);
 }
+using testing::make_replica;
+using testing::target_of;
 
-std::unique_ptr<replica_server> make_replica(const std::string& name) {
-  return std::make_unique<replica_server>(
-      replica_server::options{.name = name, .bind_ip = replica_ip, .port = 0, .token_delay = 1ms, .tokens = 2});
-}
-
-topology::target target_of(const demo::server_base& s, const std::string& name) {
-  return topology::target{.ip = s.bind_ip(), .port = s.port(), .instance_id = "", .name = name};
-}
-
-/// A port on `ip` with nothing listening (bound, then released): connecting is refused.
-std::uint16_t dead_port(const std::string& ip) {
-  asio::io_context ioc;
-  tcp::acceptor acc(ioc, tcp::endpoint(asio::ip::make_address(ip), 0));
-  const auto port = acc.local_endpoint().port();
-  acc.close();
-  return port;
-}
+using testing::dead_port;
 
 topology::target dead_router(const std::string& name) {
   return topology::target{.ip = node_ip, .port = dead_port(node_ip), .instance_id = "", .name = name};

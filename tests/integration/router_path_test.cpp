@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "fakes/http_client.hpp"
+#include "fakes/servers.hpp"
+#include "fakes/topology_builder.hpp"
 #include "fakes/proxy_fixture.hpp"
 #include "ingressd/core/asio.hpp"
 #include "ingressd/demo/replica_server.hpp"
@@ -37,18 +39,9 @@ const std::string node_ip = "127.0.0.2";
 const std::string replica_ip = "127.0.0.1";
 const std::string proxy_host = "127.0.0.1";
 
-std::unique_ptr<router_server> make_router(const std::string& ip, const std::string& name, std::uint16_t port = 0) {
-  return std::make_unique<router_server>(router_server::options{.name = name, .bind_ip = ip, .port = port});
-}
-
-std::unique_ptr<replica_server> make_replica(const std::string& name) {
-  return std::make_unique<replica_server>(
-      replica_server::options{.name = name, .bind_ip = replica_ip, .port = 0, .token_delay = 1ms, .tokens = 2});
-}
-
-topology::target target_of(const demo::server_base& s, const std::string& name) {
-  return topology::target{.ip = s.bind_ip(), .port = s.port(), .instance_id = "", .name = name};
-}
+using testing::make_replica;
+using testing::make_router;
+using testing::target_of;
 topology::target target_of(const router_server& r) { return target_of(r, r.name()); }
 topology::target target_of(const replica_server& r) { return target_of(r, r.name()); }
 
@@ -698,13 +691,7 @@ TEST(RouterPath, RouterCallStartsBeforeBodyArrives) {
 // ---------------------------------------------------------------------------------------------
 // 12. The pinned replica cannot be reached
 
-std::uint16_t dead_port(const std::string& ip) {
-  asio::io_context ioc;
-  tcp::acceptor acc(ioc, tcp::endpoint(asio::ip::make_address(ip), 0));
-  const auto port = acc.local_endpoint().port();
-  acc.close();
-  return port;
-}
+using testing::dead_port;
 
 TEST(RouterPath, PinnedReplicaRefusingConnectionsFallsThroughToHealthyReplica) {
   auto live = make_replica("rep-live");

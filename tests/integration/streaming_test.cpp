@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fakes/http_client.hpp"
+#include "fakes/servers.hpp"
 #include "fakes/proxy_fixture.hpp"
 #include "fakes/topology_builder.hpp"
 #include "ingressd/demo/replica_server.hpp"
@@ -37,9 +38,7 @@ using testing::topology_builder;
 const std::string loopback = "127.0.0.1";
 const std::string stream_body = R"({"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]})";
 
-replica_server::options named(std::string name, std::chrono::milliseconds token_delay = 20ms, std::size_t tokens = 8) {
-  return {.name = std::move(name), .bind_ip = loopback, .port = 0, .token_delay = token_delay, .tokens = tokens};
-}
+using testing::replica_named;
 
 std::string stream_request(const proxy& p, std::string_view path = "/v1/chat/completions") {
   return format_request("POST", path, loopback, p.port(), {{"Content-Type", "application/json"}}, stream_body);
@@ -49,7 +48,7 @@ std::string stream_request(const proxy& p, std::string_view path = "/v1/chat/com
 void route_all_to(proxy& p, const replica_server& r) { p.set_topology(topology_builder().app("llm", "/", {target_of(r)})); }
 
 TEST(Streaming, SseEventsReachTheClientWhileTheReplicaIsStillGenerating) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1", 50ms, 10));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, 10));
   proxy p(test_config());
   route_all_to(p, r);
 
@@ -76,7 +75,7 @@ TEST(Streaming, ScriptedEventStreamOnAnyPathIsRelayedEventByEvent) {
   // event until the next chunk's size line arrives still delivers them spread out (each one
   // interval late), so "spread out" is not enough: no two may arrive together. The replica
   // writes an event every 400 ms, on a path that is not a completion.
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   r.set_behaviour(replica_behaviour::stream_events(4, 400ms));
   proxy p(test_config());
   route_all_to(p, r);
@@ -89,7 +88,7 @@ TEST(Streaming, ScriptedEventStreamOnAnyPathIsRelayedEventByEvent) {
 }
 
 TEST(Streaming, ClientDisconnectMidStreamClosesTheUpstream) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1", 50ms, 200));  // ~10 s if nobody stops it
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, 200));  // ~10 s if nobody stops it
   proxy p(test_config());
   route_all_to(p, r);
 
@@ -109,7 +108,7 @@ TEST(Streaming, ClientDisconnectMidStreamClosesTheUpstream) {
 }
 
 TEST(Streaming, ClientDisconnectWhileReplicaHangsBeforeHeadersClosesTheUpstream) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   r.set_behaviour(replica_behaviour::hang());
   auto cfg = test_config();
   cfg.upstream.first_byte_timeout = 20s;  // a long prefill: only the client's leaving ends it
@@ -129,7 +128,7 @@ TEST(Streaming, ClientDisconnectWhileReplicaHangsBeforeHeadersClosesTheUpstream)
 }
 
 TEST(Streaming, ClientResetMidStreamClosesTheUpstream) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1", 50ms, 200));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, 200));
   proxy p(test_config());
   route_all_to(p, r);
 
@@ -145,7 +144,7 @@ TEST(Streaming, ClientResetMidStreamClosesTheUpstream) {
 }
 
 TEST(Streaming, UpstreamResetMidStreamIsNeverACleanEnd) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1", 50ms, 8));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, 8));
   r.set_behaviour(replica_behaviour::reset_after_events(3));
   proxy p(test_config());
   route_all_to(p, r);
@@ -178,7 +177,7 @@ TEST(Streaming, UpstreamResetMidStreamIsNeverACleanEnd) {
 }
 
 TEST(Streaming, UpstreamFinBeforeTheEndOfTheBodyIsNeverACleanEnd) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   // Chunked, then FIN without the last chunk.
   r.queue_behaviour(replica_behaviour::respond(
       200, {{"Content-Type", "text/event-stream"}, {"Transfer-Encoding", "chunked"}, {"Connection", "close"}},
@@ -203,7 +202,7 @@ TEST(Streaming, UpstreamFinBeforeTheEndOfTheBodyIsNeverACleanEnd) {
 }
 
 TEST(Streaming, MalformedUpstreamResponseHeadIs502) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   // Conflicting Content-Length values (hardening A2, response side).
   r.queue_behaviour(replica_behaviour::respond(200, {{"Content-Length", "5"}, {"Content-Length", "6"}}, "hello!"));
   // A response head far beyond any sane limit (hardening B6).
@@ -220,7 +219,7 @@ TEST(Streaming, MalformedUpstreamResponseHeadIs502) {
 }
 
 TEST(Streaming, UpstreamStallMidStreamAbortsAfterIdleTimeout) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   r.set_behaviour(replica_behaviour::stream_events(3, 5s));  // stalls 5 s after the first event
   auto cfg = test_config();
   cfg.upstream.idle_timeout = 300ms;
@@ -241,7 +240,7 @@ TEST(Streaming, UpstreamStallMidStreamAbortsAfterIdleTimeout) {
 }
 
 TEST(Streaming, TwoStreamsInARowOnOneConnection) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1", 10ms, 5));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 10ms, 5));
   proxy p(test_config());
   route_all_to(p, r);
 
@@ -258,7 +257,7 @@ TEST(Streaming, TwoStreamsInARowOnOneConnection) {
 }
 
 TEST(Streaming, RequestPipelinedBehindAStreamIsServedAfterIt) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1", 50ms, 12));  // ~600 ms of stream
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, 12));  // ~600 ms of stream
   proxy p(test_config());
   route_all_to(p, r);
 
@@ -280,8 +279,8 @@ TEST(Streaming, RequestPipelinedBehindAStreamIsServedAfterIt) {
 }
 
 TEST(Streaming, UpstreamHangBeforeHeadersIs504AfterFirstByteTimeout) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
-  replica_server r2(named("SERVE_REPLICA::llm#B#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
+  replica_server r2(replica_named("SERVE_REPLICA::llm#B#1"));
   r.set_behaviour(replica_behaviour::hang());
   r2.set_behaviour(replica_behaviour::hang());
   auto cfg = test_config();
@@ -304,7 +303,7 @@ TEST(Streaming, UpstreamHangBeforeHeadersIs504AfterFirstByteTimeout) {
 }
 
 TEST(Streaming, FirstByteTimeoutCoversOnlyTheHeaders) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   // Headers after 100 ms (within the 300 ms first-byte timeout), then a 6 x 150 ms stream that
   // lasts well beyond it.
   r.set_behaviour(replica_behaviour::stream_events(6, 150ms).after(100ms));
@@ -321,8 +320,8 @@ TEST(Streaming, FirstByteTimeoutCoversOnlyTheHeaders) {
 }
 
 TEST(Streaming, UpstreamCloseBeforeHeadersIs502WithoutRetry) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
-  replica_server r2(named("SERVE_REPLICA::llm#B#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
+  replica_server r2(replica_named("SERVE_REPLICA::llm#B#1"));
   r.set_behaviour(replica_behaviour::close_before_headers());
   r2.set_behaviour(replica_behaviour::close_before_headers());
   proxy p(test_config());
@@ -338,7 +337,7 @@ TEST(Streaming, UpstreamCloseBeforeHeadersIs502WithoutRetry) {
 }
 
 TEST(Streaming, ClientDisconnectDuringUploadClosesTheUpstream) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   auto cfg = test_config();
   cfg.client.body_timeout = 20s;  // only the client's leaving can end this upload early
   proxy p(cfg);
@@ -356,7 +355,7 @@ TEST(Streaming, ClientDisconnectDuringUploadClosesTheUpstream) {
 }
 
 TEST(Streaming, RequestBodyIsStreamedToTheReplicaAsItArrives) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   proxy p(test_config());
   route_all_to(p, r);
 
@@ -378,7 +377,7 @@ TEST(Streaming, RequestBodyIsStreamedToTheReplicaAsItArrives) {
 }
 
 TEST(Streaming, SlowReaderIsAbortedAfterIdleTimeoutWithBackpressure) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1"));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   // Far more than the socket buffers of both hops hold: a proxy with backpressure stops reading
   // from the replica, whose write then stalls until the proxy gives up and closes it.
   r.set_behaviour(replica_behaviour::respond(200, {{"Content-Type", "application/octet-stream"}},
@@ -412,7 +411,7 @@ TEST(Streaming, ConcurrentStreamsThroughOneWorkerNeverMixTheirBytes) {
   std::vector<std::unique_ptr<replica_server>> replicas;
   topology_builder t;
   for (std::size_t k = 0; k < 4; ++k) {
-    replicas.push_back(std::make_unique<replica_server>(named("SERVE_REPLICA::app" + std::to_string(k) + "#A#1")));
+    replicas.push_back(std::make_unique<replica_server>(replica_named("SERVE_REPLICA::app" + std::to_string(k) + "#A#1")));
     replicas.back()->set_behaviour(
         replica_behaviour::respond(200, {{"Content-Type", "application/octet-stream"}}, body_of(k)));
     t.app("app" + std::to_string(k), "/s" + std::to_string(k), {target_of(*replicas.back())});
@@ -457,7 +456,7 @@ TEST(Streaming, BusyPollingWorkerRelaysEventByEventAndSleepsWhenIdle) {
   // busy_poll_us: the worker spins after work instead of sleeping at once (worker::event_loop).
   // It must still serve streams event by event, and it must stop spinning when there is no
   // work: a worker that never sleeps would use the whole idle window below.
-  replica_server r(named("SERVE_REPLICA::llm#A#1", 30ms, 6));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 30ms, 6));
   auto cfg = test_config(1);
   cfg.busy_poll_us = 10000;  // the largest allowed: a spin that never ended would show clearly
   proxy p(cfg);
@@ -482,7 +481,7 @@ TEST(Streaming, BusyPollingWorkerRelaysEventByEventAndSleepsWhenIdle) {
 }
 
 TEST(Streaming, Http10ClientGetsCloseDelimitedStreamWithoutTransferEncoding) {
-  replica_server r(named("SERVE_REPLICA::llm#A#1", 30ms, 6));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 30ms, 6));
   proxy p(test_config());
   route_all_to(p, r);
 
