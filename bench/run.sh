@@ -56,7 +56,7 @@ elif [ -n "$AB" ]; then
   # Many short paired runs: the host's noise drifts over seconds (bench/README "Comparing two builds"), so each
   # pair is two back-to-back runs and the verdict is the median of the per-pair ratios.
   [ -x "$AB" ] || { echo "--ab: '$AB' is not an executable" >&2; exit 2; }
-  ROUNDS=${ROUNDS:-12}; DURATION=${DURATION:-2}; WARMUP=1; IDLE_N=${IDLE_N:-100}; TTFT_N=0
+  ROUNDS=${ROUNDS:-12}; DURATION=${DURATION:-2}; WARMUP=1; IDLE_N=${IDLE_N:-100}; TTFT_N=${TTFT_N:-100}
   SCENARIOS=(plain_c64 router_c16 router_c64 router_c256); THREADS2=0
 elif ((QUICK)); then
   ROUNDS=${ROUNDS:-1}; DURATION=${DURATION:-4}; WARMUP=1; IDLE_N=${IDLE_N:-2000}; TTFT_N=50
@@ -587,9 +587,10 @@ run_streams() { # round proxy: memory per concurrent SSE stream (router path, st
     --scenario streams --keys held,bytes_per_stream,failed >>"$RESULTS"
 }
 
-run_ttft() { # round proxy|direct [scenario]
-  local round=$1 proxy=$2 scen=${3:-sse} port json pid="" c0=0
-  if [ "$proxy" = direct ]; then port=$P_SSE; else port=$(proxy_port "$proxy"); pid=$(proxy_pid "$proxy"); fi
+run_ttft() { # round proxy|direct [scenario [port pid]] (--ab names its builds' port and pid)
+  local round=$1 proxy=$2 scen=${3:-sse} port=${4:-} json pid=${5:-} c0=0
+  if [ "$proxy" = direct ]; then port=$P_SSE
+  elif [ -z "$port" ]; then port=$(proxy_port "$proxy"); pid=$(proxy_pid "$proxy"); fi
   [ -n "$pid" ] && c0=$(cpu_ns "$pid")
   json=$(taskset -c $LOAD_CORE python3 "$LIB/ttft.py" --port "$port" --n "$TTFT_N" --warmup 10) || true
   log "[r$round] $scen $proxy: $json"
@@ -673,6 +674,10 @@ if [ -n "$AB" ]; then
     for scen in "${SCENARIOS[@]}"; do
       for p in "${ORDER[@]}"; do run_scenario "$r" "$p" "${AB_PORT[$p]}" "${AB_PID[$p]}" "$scen"; done
     done
+    # SSE time to first event through the router path (TTFT_N streams per build and round)
+    if ((TTFT_N > 0)); then
+      for p in "${ORDER[@]}"; do run_ttft "$r" "$p" sse "${AB_PORT[$p]}" "${AB_PID[$p]}"; done
+    fi
   done
   stop_pid "${AB_PID[new]}"; stop_pid "${AB_PID[old]}"
   echo

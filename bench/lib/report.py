@@ -338,7 +338,8 @@ def cmd_ab(a):
     """Paired comparison of two ingressd builds (run.sh --ab): per scenario, the median and the
     quartiles of new/old over the pairs, which cancels the host's drift between pairs."""
     data = load(a.results)
-    scens = sorted({s for (p, s, m) in data if p == "new"}, key=lambda s: (s.split("_c")[0], int(s.split("_c")[1])))
+    scens = sorted({s for (p, s, m) in data if p == "new" and "_c" in s},
+                   key=lambda s: (s.split("_c")[0], int(s.split("_c")[1])))
     print("%-12s | %-26s | %-26s | %-9s | %-9s" % ("scenario", "req/s new/old [q1-q3]", "CPU/req new/old [q1-q3]",
                                                     "new req/s", "old req/s"))
     print("-" * 13 + "+" + "-" * 28 + "+" + "-" * 28 + "+" + "-" * 11 + "+" + "-" * 10)
@@ -353,8 +354,23 @@ def cmd_ab(a):
                 cells.append("%.3f n=%d" % (statistics.median(rs), len(rs)) if rs else "-")
         print("%-12s | %-26s | %-26s | %-9.0f | %-9.0f" % (scen, cells[0], cells[1],
               med(data.get(("new", scen, "rps"), {})) or 0, med(data.get(("old", scen, "rps"), {})) or 0))
-    print("ratios < 1 in CPU/req and > 1 in req/s favour the new build; when the quartiles straddle 1 the")
-    print("difference is within the noise of this run")
+    if ("new", "sse", "ttft_p50_ms") in data:
+        print()
+        print("%-24s | %-26s | %-9s | %-9s" % ("SSE (router path)", "new/old [q1-q3]", "new", "old"))
+        print("-" * 25 + "+" + "-" * 28 + "+" + "-" * 11 + "+" + "-" * 10)
+        for metric, label in (("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
+                              ("lag_p50_ms", "per-event delay p50 ms"), ("cpu_us", "CPU us per stream")):
+            rs = per_round_ratio(data.get(("new", "sse", metric), {}), data.get(("old", "sse", metric), {}))
+            if not rs:
+                continue
+            cell = "%.3f n=%d" % (statistics.median(rs), len(rs))
+            if len(rs) >= 2:
+                q = statistics.quantiles(rs, n=4)
+                cell = "%.3f [%.3f-%.3f] n=%d" % (statistics.median(rs), q[0], q[2], len(rs))
+            print("%-24s | %-26s | %-9.3f | %-9.3f" % (label, cell, med(data.get(("new", "sse", metric), {})) or 0,
+                                                       med(data.get(("old", "sse", metric), {})) or 0))
+    print("ratios < 1 in CPU/req, TTFT and delay, and > 1 in req/s, favour the new build; when the")
+    print("quartiles straddle 1 the difference is within the noise of this run")
     return 0
 
 
