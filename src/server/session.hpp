@@ -114,6 +114,9 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// The response head for the client after read_response_head (rq_->head): the replica's
   /// end-to-end fields, the request's id, our framing. Sets rs.close for what the client gets.
   void finish_response_head(request_state& rs);
+  /// After the response body: the lease back to the pool (or reset, and the client's connection
+  /// too, when the stream broke: `broken`), the outcome for the connection.
+  step end_relay(request_state& rs, bool broken);
   /// Ends the request with the response ingressd generates for `r`.
   awaitable<step> answer(request_state& rs, reason r);
   /// Ends the request after an upstream failure: the upstream connection is reset, the client

@@ -394,6 +394,10 @@ awaitable<session::step> session::relay_response(request_state& rs) {
   const bool broken = read_ec || client_gone_ || aborted_;
   if (rs.close || broken || buf_.size() > 0) co_await stop_watch();
   else park_watch();
+  co_return end_relay(rs, broken);
+}
+
+session::step session::end_relay(request_state& rs, bool broken) {
   disarm();
   if (broken) {
     // Upstream died or hung mid-stream, or the client left: abort both sides (hardening G1, G3).
@@ -403,10 +407,10 @@ awaitable<session::step> session::relay_response(request_state& rs) {
                   : metrics::termination::upstream_abort;
     rs.lease.reset();
     hard_close(sock_);
-    co_return finish(rs, outcome::close);
+    return finish(rs, outcome::close);
   }
-  rs.lease.release(rp.keep_alive());
-  co_return finish(rs, rs.close ? outcome::close : outcome::keep_alive);
+  rs.lease.release(rs.rp->keep_alive());
+  return finish(rs, rs.close ? outcome::close : outcome::keep_alive);
 }
 
 }  // namespace ingressd::server
