@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -381,6 +382,30 @@ const std::vector<key_spec>& key_table() {
                      return "expected a header name (or \"\" to disable), got " + in_quotes(v);
                    }
                    c.router.session_header = std::move(lower);
+                   return std::nullopt;
+                 }});
+    t.push_back({"router.hedge", [](config& c, const std::string& v) -> problem {
+                   if (v == "auto" || v == "off") {
+                     c.router.hedge_auto = v == "auto";
+                     c.router.hedge_after = duration{0};
+                     return std::nullopt;
+                   }
+                   const auto d = parse_duration(v);
+                   if (!d || *d <= duration::zero())
+                     return "expected auto, off or a duration like 5ms, got " + in_quotes(v);
+                   c.router.hedge_auto = false;
+                   c.router.hedge_after = *d;
+                   return std::nullopt;
+                 }});
+    t.push_back({"router.hedge_budget", [](config& c, const std::string& v) -> problem {
+                   // "10%" (or "10"): a percentage, to 0.1 %.
+                   std::string_view t = v;
+                   if (!t.empty() && t.back() == '%') t.remove_suffix(1);
+                   double pct = -1;
+                   const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), pct);
+                   if (ec != std::errc{} || end != t.data() + t.size() || !(pct >= 0 && pct <= 100))
+                     return "expected a percentage from 0% to 100%, like 10%, got " + in_quotes(v);
+                   c.router.hedge_budget_permille = static_cast<unsigned>(pct * 10 + 0.5);
                    return std::nullopt;
                  }});
     t.push_back({"router.on_failure", [](config& c, const std::string& v) -> problem {

@@ -157,6 +157,8 @@ void format_access_entry(std::string& out, const access_entry& e) {
   if (routed) append_seconds(out, e.router_latency);
   else out += "null";
   append_string_or_null(out, "router_outcome", e.router_outcome);
+  append_key(out, "router_hedged");
+  out += !routed ? "null" : e.router_hedged ? "true" : "false";
   append_string_or_null(out, "replica", e.replica);
   append_string_or_null(out, "replica_addr", e.replica_addr);
   append_key(out, "retries");

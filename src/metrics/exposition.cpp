@@ -1,5 +1,6 @@
 #include "ingressd/metrics/exposition.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <map>
@@ -29,6 +30,8 @@ struct app_sum {
   std::array<histogram_data, router_outcome_count> router_latency;
   std::array<std::uint64_t, router_outcome_count> failures{};
   std::uint64_t truncations = 0;
+  std::array<std::uint64_t, hedge_result_count> hedges{};
+  std::int64_t hedge_delay_us = -1;  ///< the largest over the workers; -1: none hedges
   std::array<std::uint64_t, reason_count> generated{};
   std::map<std::string, router_sum> routers;  // by router label
   bool routed = false;  ///< the app has a router pool (now)
@@ -44,6 +47,8 @@ void add_block(app_sum& s, const app_metrics& b) {
     s.failures[i] += b.router_failures[i].get();
   }
   s.truncations += b.truncations.get();
+  for (std::size_t i = 0; i < hedge_result_count; ++i) s.hedges[i] += b.hedges[i].get();
+  s.hedge_delay_us = std::max(s.hedge_delay_us, b.hedge_delay_us.load(std::memory_order_relaxed));
   for (std::size_t i = 0; i < reason_count; ++i) s.generated[i] += b.generated[i].get();
   for (const auto& r : b.routers()) {
     auto& a = s.routers[r->label];
@@ -115,7 +120,8 @@ std::string render(const scrape_input& in) {
                     s.router_latency[i]);
 
   w.family("ingressd_router_attempts_total",
-           "Router calls by router and result (ok: 200 reply, no_reply: none in time, non_200: other status).",
+           "Router calls by router and result (ok: 200 reply, no_reply: none in time, non_200: other status, "
+           "cancelled: the other call of a hedged pair won first).",
            "counter");
   for (const auto& [app, s] : apps)
     for (const auto& [router, r] : s.routers)
@@ -143,6 +149,24 @@ std::string render(const scrape_input& in) {
            "counter");
   for (const auto& [app, s] : apps)
     if (s.routed || s.truncations > 0) w.sample("ingressd_router_truncations_total", {{"app", app}}, s.truncations);
+
+  w.family("ingressd_router_hedges_total",
+           "Hedged router calls (router.hedge): sent (a second router was asked), won (its reply was used), "
+           "refused (late, but router.hedge_budget was spent).",
+           "counter");
+  for (const auto& [app, s] : apps)
+    if (s.routed)
+      for (std::size_t i = 0; i < hedge_result_count; ++i)
+        w.sample("ingressd_router_hedges_total", {{"app", app}, {"result", to_string(static_cast<hedge_result>(i))}},
+                 s.hedges[i]);
+
+  w.family("ingressd_router_hedge_delay_seconds",
+           "How long a router call waits before it is hedged (the largest over the workers; router.hedge auto "
+           "follows the app's router latency). Absent when the app is not hedged.",
+           "gauge");
+  for (const auto& [app, s] : apps)
+    if (s.routed && s.hedge_delay_us >= 0)
+      w.sample("ingressd_router_hedge_delay_seconds", {{"app", app}}, static_cast<double>(s.hedge_delay_us) / 1e6);
 
   w.family("ingressd_router_colocated_ratio", "Share of the app's router pool that is on this node (1 when all).",
            "gauge");

@@ -31,8 +31,18 @@ std::string_view to_string(attempt_result r) noexcept {
     case attempt_result::ok: return "ok";
     case attempt_result::no_reply: return "no_reply";
     case attempt_result::non_200: return "non_200";
+    case attempt_result::cancelled: return "cancelled";
   }
   return "ok";
+}
+
+std::string_view to_string(hedge_result r) noexcept {
+  switch (r) {
+    case hedge_result::sent: return "sent";
+    case hedge_result::won: return "won";
+    case hedge_result::refused: return "refused";
+  }
+  return "sent";
 }
 
 void status_counters::add(unsigned code) noexcept {

@@ -189,7 +189,9 @@ void session::abort() {
   // The upstream operations end with operation_aborted; the coroutines that hold the
   // connections see aborted_ and reset them.
   if (up_) up_->cancel();
-  if (call_) call_->lease.cancel();
+  if (rq_)
+    for (auto& c : rq_->calls)
+      if (c.call) c.call->lease.cancel();
 }
 
 bool session::method_routed(std::string_view method) const {

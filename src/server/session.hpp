@@ -151,27 +151,66 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   static void note_upstream_ok(const topology::endpoint& ep);
 
   /// One routing decision: tries the app's router pool from this worker's cursor, failing over
-  /// only when a router gave no reply (contract §4.2). Returns the reply or a failure reason.
-  /// `rs` and `body` outlive the call (proxy()'s frame awaits it; the body prefix is not touched
-  /// while it runs).
+  /// only when a router gave no reply (contract §4.2), and hedging a late call to the next router
+  /// (router.hedge). Returns the reply or a failure reason. `rs` and `body` outlive the call
+  /// (proxy()'s frame awaits it; the body prefix is not touched while it runs).
   awaitable<std::pair<routing::router_reply, std::optional<reason>>> ask_routers(
       const request_state& rs, std::string_view body, std::optional<std::uint64_t> truncated_total);
   struct router_exchange {
     bool replied = false;
     bool timed_out = false;  ///< no reply within the attempt's timeout
+    bool lost = false;       ///< cancelled: the other call of a hedged pair won first
     unsigned status = 0;
     std::string body;
   };
   /// One attempt at one router over a pooled keep-alive connection; a stale pooled connection
-  /// is retried once on a fresh one. rq_->router_timer bounds it; its expiry cancels `call_`.
+  /// is retried once on a fresh one. It is call slot `slot` (0: the call ask_routers awaits, 1:
+  /// its hedge), bounded by that slot's timer; at `hedge_at` (slot 0) the timer sends the hedge.
   awaitable<router_exchange> router_attempt(const topology::endpoint& ep, const std::string& request,
-                                            clock::duration timeout);
-  /// The router call in progress, for its timer and abort(): its connection and whether the
-  /// timer fired.
+                                            clock::duration timeout, std::size_t slot,
+                                            clock::time_point hedge_at = clock::time_point::max());
+  /// A router call in progress, for its timer, its hedge and abort(): its connection and what
+  /// ended it.
   struct router_call {
     upstream::lease lease;
+    clock::time_point deadline;                             ///< router.timeout (or a probe's)
+    clock::time_point hedge_at = clock::time_point::max();  ///< when the hedge goes out (slot 0)
     bool timed_out = false;
+    bool lost = false;  ///< the other call of a hedged pair won: this one was cancelled
   };
+  /// Where a router call registers (request_scratch::calls): its timer's handler finds it there
+  /// while `gen` matches.
+  struct call_slot {
+    router_call* call = nullptr;
+    unsigned gen = 0;
+  };
+  /// The hedge of one routing decision (router.hedge): the second call, to the next router in
+  /// attempt order. Lives in ask_routers' frame, which does not end before the hedge call has.
+  struct hedge_race {
+    const topology::endpoint* ep = nullptr;  ///< the router the hedge asks
+    std::size_t pool_index = 0;
+    bool probe = false;                      ///< that router failed recently: a probe's timeout
+    routing::router_request_parts request;   ///< views that outlive the race
+    bool launched = false;  ///< the hedge went out
+    bool refused = false;   ///< it was due, but the budget was spent
+    bool settled = false;   ///< a call's 200 reply was taken: the other one is not wanted
+    bool won = false;       ///< the hedge's reply was taken (`reply`)
+    bool done = false;      ///< the hedge call has ended (`result`, `took`)
+    router_exchange result;
+    routing::router_reply reply;
+    clock::duration took{};
+  };
+  void arm_router_timer(std::size_t slot);
+  void on_router_timer(std::size_t slot, unsigned gen);
+  /// The hedge is due (the timer of call slot 0): send it, if the budget allows.
+  void launch_hedge();
+  awaitable<void> hedge_call(std::shared_ptr<session> self, hedge_race& race);
+  /// Waits until the hedge call has ended.
+  awaitable<void> hedge_ended(hedge_race& race);
+  /// The worker's state of the request's app now (the worker may have applied a new topology
+  /// while the request waited), or null when the app is gone; `same_pool`: only if its router
+  /// pool is still the one the request uses.
+  app_state* app_now(const request_state& rs, bool same_pool);
 
   // Watchdog: one timer per connection, moved only when a deadline comes closer.
   void arm(clock::duration d, phase p);
@@ -213,6 +252,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
     bool routed = false;                       ///< a router was consulted
     std::optional<reason> router_failure;
     clock::duration router_latency{};
+    bool hedged = false;                       ///< a hedge went out (router.hedge)
     unsigned retries = 0;
     // For the access log only (filled when it is on):
     std::string router, router_addr, replica, replica_addr, request_id;
@@ -224,6 +264,10 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// ingressd_router_attempt_latency_seconds).
   void note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex,
                            clock::duration took);
+  /// The router whose answer decided (or the last one consulted), and whether the call was
+  /// hedged (access log).
+  void note_router_used(const topology::endpoint& ep, bool hedged);
+  void note_hedge(metrics::hedge_result r);
   /// The routing decision is final: latency by outcome, failures by reason.
   void note_router_outcome(std::optional<reason> failure);
   /// The request goes to `ep` after `retries` connect failures.
@@ -243,8 +287,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   watchdog_timer timer_;
   clock::time_point deadline_ = clock::time_point::max();
   std::string peer_;
-  router_call* call_ = nullptr;  // the router call in progress (registration), for its timer and abort()
-  unsigned router_gen_ = 0;      // which router call the router timer belongs to
+  unsigned router_gen_ = 0;      // numbers router calls, so that a stale timer handler finds no call
   upstream::lease* up_ = nullptr;  // the replica connection in use (registration), for cancellation
   unsigned waits_ = 0;
   phase phase_ = phase::none;
@@ -299,17 +342,26 @@ struct request_state {
 /// What only a request in progress needs. Idle connections hold none of it (hardening H3): it
 /// goes back to the worker's spares, so busy connections do not allocate it per request.
 struct request_scratch {
-  explicit request_scratch(asio::io_context& ioc) : watch_done(ioc.get_executor()), router_timer(ioc.get_executor()) {}
+  explicit request_scratch(asio::io_context& ioc)
+      : watch_done(ioc.get_executor()),
+        router_timers{session::watchdog_timer(ioc.get_executor()), session::watchdog_timer(ioc.get_executor())},
+        hedge_done(ioc.get_executor()) {}
   std::string head;                        ///< scratch for serialising heads
   /// The request's id (contract §4.4, §9): the client's X-Request-Id when usable (a view into the
   /// parsed head), else `generated`. Empty until chosen; every response carries it.
   std::string_view request_id;
   std::array<char, 36> generated{};
   std::string router_request;              ///< the router call being made (its capacity is kept)
+  std::string hedge_request;               ///< its hedge (router.hedge)
   std::string prebody;                     ///< body bytes read before the upstream was chosen
   std::unique_ptr<unsigned char[]> relay;  ///< relay_size bytes, made on first use: a streamed upload, or a response piece a slow client has not taken
   session::watchdog_timer watch_done;      ///< stop_watch() waits on it for the watch to end
-  session::watchdog_timer router_timer;    ///< per router attempt (router.timeout)
+  /// Router calls in progress: [0] the one ask_routers awaits, [1] its hedge; each with its
+  /// timer (router.timeout; slot 0's also sends the hedge).
+  std::array<session::call_slot, 2> calls;
+  std::array<session::watchdog_timer, 2> router_timers;
+  session::hedge_race* race = nullptr;     ///< the routing decision's hedge (registration)
+  session::watchdog_timer hedge_done;      ///< hedge_ended() waits on it for the hedge call to end
   session::request_record rec;
 };
 

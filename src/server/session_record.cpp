@@ -25,6 +25,7 @@ void session::begin_request() {
   r.routed = false;
   r.router_failure.reset();
   r.router_latency = {};
+  r.hedged = false;
   r.retries = 0;
   r.router.clear();
   r.router_addr.clear();
@@ -54,19 +55,29 @@ void session::note_response(std::string_view response, bool written) {
 
 void session::note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex,
                                   clock::duration took) {
-  const auto result = !ex.replied        ? metrics::attempt_result::no_reply
-                      : ex.status == 200 ? metrics::attempt_result::ok
-                                         : metrics::attempt_result::non_200;
+  const auto result = ex.replied          ? (ex.status == 200 ? metrics::attempt_result::ok : metrics::attempt_result::non_200)
+                      : ex.lost            ? metrics::attempt_result::cancelled
+                                           : metrics::attempt_result::no_reply;
   if (rq_->rec.block)
     if (auto* slot = rq_->rec.block->router(pool_index, ep.key)) {
       slot->results[static_cast<std::size_t>(result)].add();
-      slot->latency.observe(took);
+      // A cancelled call says nothing about how long the router takes.
+      if (result != metrics::attempt_result::cancelled) slot->latency.observe(took);
     }
   rq_->rec.routed = true;
+}
+
+void session::note_router_used(const topology::endpoint& ep, bool hedged) {
+  rq_->rec.routed = true;
+  rq_->rec.hedged = hedged;
   if (logging()) {
     rq_->rec.router = ep.name.empty() ? ep.key : ep.name;
     rq_->rec.router_addr = ep.key;
   }
+}
+
+void session::note_hedge(metrics::hedge_result r) {
+  if (rq_->rec.block) rq_->rec.block->hedges[static_cast<std::size_t>(r)].add();
 }
 
 void session::note_router_outcome(std::optional<reason> failure) {
@@ -128,6 +139,7 @@ void session::finish_request() {
     e.router_addr = r.router_addr;
     e.router_latency = r.router_latency;
     e.router_outcome = metrics::router_outcome_name(metrics::router_outcome_index(r.router_failure));
+    e.router_hedged = r.hedged;
   }
   e.replica = r.replica;
   e.replica_addr = r.replica_addr;

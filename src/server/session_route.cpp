@@ -93,8 +93,19 @@ awaitable<session::step> session::decide_route(request_state& rs) {
   co_return step::next;
 }
 
+app_state* session::app_now(const request_state& rs, bool same_pool) {
+  const auto& view = rs.snap->apps[rs.where.app];
+  if (w_.snapshot_ptr() == rs.snap) return &w_.app(rs.where.app);
+  if (const auto* cur = w_.snap())
+    for (std::size_t i = 0; i < cur->apps.size(); ++i)
+      if (cur->apps[i].name == view.name && (!same_pool || cur->apps[i].pool_signature == view.pool_signature))
+        return &w_.app(i);
+  return nullptr;
+}
+
 awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_routers(
     const request_state& rs, std::string_view body, std::optional<std::uint64_t> truncated_total) {
+  using result = std::pair<routing::router_reply, std::optional<reason>>;
   const auto& cfg = this->cfg();
   struct latency_mark {  // the whole decision, failovers included (ingressd_router_latency_seconds)
     session& s;
@@ -108,12 +119,10 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
   // the topology changed while the body prefix was read, use the app's cursor there only when
   // its pool is the same.
   std::size_t start = 0;
-  if (w_.snapshot_ptr() == rs.snap) {
-    start = w_.app(rs.where.app).router_cursor.take(n);
-  } else if (const auto* cur = w_.snap()) {
-    for (std::size_t i = 0; i < cur->apps.size(); ++i)
-      if (cur->apps[i].name == view.name && cur->apps[i].pool_signature == view.pool_signature)
-        start = w_.app(i).router_cursor.take(n);
+  std::optional<clock::duration> hedge;  // the hedge delay, when this decision may hedge
+  if (auto* st = app_now(rs, true)) {
+    start = st->router_cursor.take(n);
+    hedge = w_.hedge_after(*st);
   }
 
   // The session header, or its -/_ variant (ray-serve-ingress.md §2.1).
@@ -129,62 +138,212 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
     }
     if (it != req.end() && http::valid_field_value(it->value())) session_value = it->value();
   }
+  routing::router_request_parts parts{{}, body, truncated_total, cfg.router.session_header, session_value, rs.request_id};
 
   auto& memory = w_.routers();
   const auto now = clock::now();
   boost::container::small_vector<routing::router_memory::state, 8> states(n);
   for (std::size_t r = 0; r < n; ++r) states[r] = memory.get(pool[r].key, now);
-  for (std::size_t r : routing::router_attempt_order(states, start)) {
+  const auto order = routing::router_attempt_order(states, start);
+  if (hedge) w_.hedge_budget().call(now);
+  hedge_race race;
+  registration<hedge_race> racing(rq_->race, race);
+  bool race_over = false;  // the hedge's outcome has been taken into account
+  const topology::endpoint* consulted = nullptr;
+
+  // A call that replied teaches the app's hedge delay its router latency.
+  auto learn = [&](const router_exchange& ex, clock::duration took) {
+    if (!ex.replied || !cfg.router.hedge_auto) return;
+    if (auto* st = app_now(rs, false)) {
+      const auto before = st->hedge.delay();
+      st->hedge.record(took);
+      if (st->hedge.delay() != before) w_.publish_hedge(*st);
+    }
+  };
+  // What one call's end says about its router (dead-router memory, metrics).
+  auto account = [&](std::size_t r, const router_exchange& ex, clock::duration took) {
+    note_router_attempt(r, pool[r], ex, took);
+    learn(ex, took);
+    if (ex.replied) memory.replied(pool[r].key);
+    else if (!ex.lost && !aborted_) {
+      memory.failed(pool[r].key, clock::now());
+      spdlog::debug("router {} gave no reply{}", pool[r].key, ex.timed_out ? " (timeout)" : "");
+    }
+  };
+
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::size_t r = order[k];
+    if (race.launched && r == race.pool_index) continue;  // the hedge asked it already
     const auto& ep = pool[r];
+    consulted = &ep;
     clock::duration timeout = cfg.router.timeout;
     if (states[r] != routing::router_memory::state::up) {
       timeout = std::min<clock::duration>(timeout, router_probe_timeout);
       memory.probing(ep.key, now);
     }
-    routing::build_router_request({ep.key, body, truncated_total, cfg.router.session_header, session_value, rs.request_id},
-                                  rq_->router_request);
-    const auto attempt_start = clock::now();
-    auto ex = co_await router_attempt(ep, rq_->router_request, timeout);
-    if (aborted_) co_return std::pair{routing::router_reply{}, std::optional(reason::router_unreachable)};
-    note_router_attempt(r, ep, ex, clock::now() - attempt_start);
-    if (!ex.replied) {
-      memory.failed(ep.key, clock::now());
-      spdlog::debug("router {} gave no reply{}", ep.key, ex.timed_out ? " (timeout)" : "");
-      continue;
+    parts.host = ep.key;
+    routing::build_router_request(parts, rq_->router_request);
+    auto hedge_at = clock::time_point::max();
+    if (hedge && !race.launched && !race.refused && k + 1 < order.size()) {
+      // A decision hedges at most once: to the router it would fail over to next.
+      const std::size_t h = order[k + 1];
+      race.ep = &pool[h];
+      race.pool_index = h;
+      race.probe = states[h] != routing::router_memory::state::up;
+      race.request = parts;
+      race.request.host = race.ep->key;
+      hedge_at = clock::now() + *hedge;
     }
-    memory.replied(ep.key);
-    auto reply = routing::parse_router_reply(ex.status, ex.body);
-    switch (reply.what) {
-      case routing::router_reply::kind::pinned:
-        co_return std::pair{std::move(reply), std::optional<reason>{}};
-      case routing::router_reply::kind::non_200:
-        co_return std::pair{std::move(reply), std::optional(reason::router_non_200)};
-      case routing::router_reply::kind::unparseable:
-        co_return std::pair{std::move(reply), std::optional(reason::unparseable_replica_id)};
+    const auto attempt_start = clock::now();
+    auto ex = co_await router_attempt(ep, rq_->router_request, timeout, 0, hedge_at);
+    const auto took = clock::now() - attempt_start;
+    routing::router_reply reply;
+    if (ex.replied && !race.won) reply = routing::parse_router_reply(ex.status, ex.body);
+    const bool pinned = ex.replied && !race.won && reply.what == routing::router_reply::kind::pinned;
+    if (race.launched && !race_over) {
+      race_over = true;
+      if (pinned) {
+        // This call's reply is taken: the hedge is not wanted any more.
+        race.settled = true;
+        if (auto* other = rq_->calls[1].call) {
+          other->lost = true;
+          other->lease.cancel();
+        }
+      }
+      co_await hedge_ended(race);
+      account(race.pool_index, race.result, race.took);
+    }
+    account(r, ex, took);
+    if (aborted_) co_return result{routing::router_reply{}, reason::router_unreachable};
+    if (race.won) {
+      note_router_used(*race.ep, true);
+      note_hedge(metrics::hedge_result::won);
+      co_return result{std::move(race.reply), std::nullopt};
+    }
+    note_router_used(ep, race.launched);
+    if (ex.replied) {
+      switch (reply.what) {
+        case routing::router_reply::kind::pinned:
+          co_return result{std::move(reply), std::nullopt};
+        case routing::router_reply::kind::non_200:
+          co_return result{std::move(reply), reason::router_non_200};
+        case routing::router_reply::kind::unparseable:
+          co_return result{std::move(reply), reason::unparseable_replica_id};
+      }
+    }
+    if (race.launched && race.result.replied) {
+      // This call gave no reply and the hedge's was not usable: its reason stands.
+      note_router_used(*race.ep, true);
+      auto hedge_reply = routing::parse_router_reply(race.result.status, race.result.body);
+      const auto why = hedge_reply.what == routing::router_reply::kind::non_200 ? reason::router_non_200
+                                                                                 : reason::unparseable_replica_id;
+      co_return result{std::move(hedge_reply), why};
     }
   }
-  co_return std::pair{routing::router_reply{}, std::optional(reason::router_unreachable)};
+  if (consulted) note_router_used(*consulted, race.launched);
+  co_return result{routing::router_reply{}, reason::router_unreachable};
+}
+
+void session::launch_hedge() {
+  auto* race = rq_->race;
+  if (!race || race->launched || race->refused || race->settled || aborted_) return;
+  if (!w_.hedge_budget().try_hedge(clock::now())) {
+    race->refused = true;
+    note_hedge(metrics::hedge_result::refused);
+    return;
+  }
+  race->launched = true;
+  rq_->rec.hedged = true;
+  note_hedge(metrics::hedge_result::sent);
+  routing::build_router_request(race->request, rq_->hedge_request);
+  asio::co_spawn(w_.ioc(), hedge_call(shared_from_this(), *race), [](std::exception_ptr) {});
+}
+
+awaitable<void> session::hedge_call(std::shared_ptr<session> self, hedge_race& race) {
+  // ask_routers waits for race.done before its frame (and `race`) goes: see hedge_ended(). (Not
+  // marked from a destructor: at shutdown the io_context destroys both frames in any order.)
+  if (!race.settled && !self->aborted_) {
+    clock::duration timeout = cfg().router.timeout;
+    if (race.probe) {
+      timeout = std::min<clock::duration>(timeout, router_probe_timeout);
+      w_.routers().probing(race.ep->key, clock::now());
+    }
+    const auto t0 = clock::now();
+    race.result = co_await router_attempt(*race.ep, rq_->hedge_request, timeout, 1);
+    race.took = clock::now() - t0;
+    if (race.result.replied && !race.settled) {
+      race.reply = routing::parse_router_reply(race.result.status, race.result.body);
+      if (race.reply.what == routing::router_reply::kind::pinned) {
+        // The first usable reply: the hedge wins, the call ask_routers awaits is cancelled.
+        race.settled = race.won = true;
+        if (auto* other = rq_->calls[0].call) {
+          other->lost = true;
+          other->lease.cancel();
+        }
+      }
+    }
+  } else {
+    race.result.lost = true;
+  }
+  race.done = true;
+  rq_->hedge_done.cancel();
+}
+
+awaitable<void> session::hedge_ended(hedge_race& race) {
+  while (!race.done) {
+    rq_->hedge_done.expires_at(clock::time_point::max());
+    auto [ec] = co_await rq_->hedge_done.async_wait(nothrow);
+    if (ec && !race.done)
+      if (auto* hedge = rq_->calls[1].call) {
+        // This wait itself was cancelled (the request is going away): end the hedge now too.
+        hedge->lost = true;
+        hedge->lease.cancel();
+      }
+  }
+}
+
+void session::arm_router_timer(std::size_t slot) {
+  const auto& c = rq_->calls[slot];
+  auto& t = rq_->router_timers[slot];
+  t.expires_at(std::min(c.call->deadline, c.call->hedge_at));
+  t.async_wait([self = shared_from_this(), slot, gen = c.gen](error_code ec) {
+    if (!ec) self->on_router_timer(slot, gen);
+  });
+}
+
+void session::on_router_timer(std::size_t slot, unsigned gen) {
+  if (!rq_) return;
+  auto& c = rq_->calls[slot];
+  if (!c.call || c.gen != gen) return;  // that call has ended
+  auto& call = *c.call;
+  if (call.hedge_at != clock::time_point::max()) {
+    call.hedge_at = clock::time_point::max();
+    if (clock::now() < call.deadline) {
+      launch_hedge();
+      arm_router_timer(slot);
+      return;
+    }
+  }
+  call.timed_out = true;
+  call.lease.cancel();
 }
 
 awaitable<session::router_exchange> session::router_attempt(const topology::endpoint& ep,
                                                              const std::string& request,
-                                                             clock::duration timeout) {
+                                                             clock::duration timeout, std::size_t slot,
+                                                             clock::time_point hedge_at) {
   router_call call;
-  registration<router_call> in_progress(call_, call);
-  const unsigned gen = ++router_gen_;
-  rq_->router_timer.expires_after(timeout);
-  rq_->router_timer.async_wait([self = shared_from_this(), gen](error_code ec) {
-    if (ec || gen != self->router_gen_ || !self->call_) return;
-    self->call_->timed_out = true;
-    self->call_->lease.cancel();
-  });
+  call.deadline = clock::now() + timeout;
+  if (hedge_at < call.deadline) call.hedge_at = hedge_at;
+  registration<router_call> in_progress(rq_->calls[slot].call, call);
+  rq_->calls[slot].gen = ++router_gen_;
+  arm_router_timer(slot);
   struct timer_stop {
     session& s;
-    ~timer_stop() {
-      ++s.router_gen_;
-      s.rq_->router_timer.cancel();
-    }
-  } stop_timer{*this};
+    std::size_t slot;
+    ~timer_stop() { s.rq_->router_timers[slot].cancel(); }
+  } stop_timer{*this, slot};
+  auto failed = [&call] { return router_exchange{false, call.timed_out, call.lost, 0, {}}; };
 
   // Router calls are re-sent on a fresh connection when a pooled one turns out stale (below),
   // so the pool skips its liveness peek: one system call less per request.
@@ -193,7 +352,7 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
     call.lease = w_.pool().acquire(ep.key, policy);
     if (!call.lease) {
       const error_code ec = co_await call.lease.connect(ep.dial, w_.ioc().get_executor());
-      if (ec || call.timed_out || aborted_) co_return router_exchange{false, call.timed_out, 0, {}};
+      if (ec || call.timed_out || call.lost || aborted_) co_return failed();
     }
     std::array<asio::const_buffer, 1> request_buf{asio::buffer(request)};
     std::span<asio::const_buffer> pending(request_buf);
@@ -207,20 +366,20 @@ awaitable<session::router_exchange> session::router_attempt(const topology::endp
       http::bounded_buffer in(call.lease->buf, http::body_read_cap(router_header_limit));  // endless chunk line
       co_await after_ready_handlers(w_.ioc());
       // The timer or abort() may have fired meanwhile, with no read pending to cancel.
-      if (call.timed_out || aborted_) ec = asio::error::operation_aborted;
+      if (call.timed_out || call.lost || aborted_) ec = asio::error::operation_aborted;
       else if (!parse_now(call.lease->sock, call.lease->buf, in.max_size(), rp, true, ec))
         std::tie(ec, std::ignore) = co_await bhttp::async_read(call.lease->sock, in, rp, nothrow);
     }
     if (ec) {
-      const bool stale = call.lease.reused() && !rp.got_some() && !call.timed_out && !aborted_;
+      const bool stale = call.lease.reused() && !rp.got_some() && !call.timed_out && !call.lost && !aborted_;
       call.lease.close();
       // A pooled connection the router had closed fails before any reply byte: that is
       // staleness, not a router failure; try once more on a fresh connection.
       if (stale && !policy.fresh) continue;
-      co_return router_exchange{false, call.timed_out, 0, {}};
+      co_return failed();
     }
     call.lease.release(rp.keep_alive());
-    co_return router_exchange{true, false, rp.status(), std::move(rp.body())};
+    co_return router_exchange{true, false, false, rp.status(), std::move(rp.body())};
   }
 }
 

@@ -35,6 +35,7 @@ worker::worker(unsigned index, std::shared_ptr<const config::config> cfg, shared
       cfg_(std::move(cfg)),
       shared_(shared),
       pool_(cfg_->upstream.max_idle_per_replica),
+      hedge_budget_(cfg_->router.hedge_budget_permille),
       id_state_((std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^ index) {}
 
 worker::~worker() {
@@ -207,13 +208,28 @@ void worker::give_scratch(std::unique_ptr<request_scratch> s) {
   if (s->prebody.capacity() > 4096) std::string().swap(s->prebody);
   s->prebody.clear();
   s->watch_done.cancel();
-  s->router_timer.cancel();
+  for (auto& t : s->router_timers) t.cancel();
+  s->hedge_done.cancel();
   spare_scratch_.push_back(std::move(s));
 }
 
 void worker::apply_config(std::shared_ptr<const config::config> next) {
   pool_.set_max_idle(next->upstream.max_idle_per_replica);
+  hedge_budget_.set_share(next->router.hedge_budget_permille);
   cfg_ = std::move(next);
+  for (const auto& a : apps_) publish_hedge(a);
+}
+
+std::optional<std::chrono::steady_clock::duration> worker::hedge_after(const app_state& app) const {
+  const auto& r = cfg_->router;
+  return routing::hedge_after(r.hedge_auto, r.hedge_after, r.hedge_budget_permille, app.pool_size, app.hedge);
+}
+
+void worker::publish_hedge(const app_state& app) const {
+  if (!app.metrics) return;
+  const auto d = hedge_after(app);
+  app.metrics->hedge_delay_us.store(d ? std::chrono::duration_cast<std::chrono::microseconds>(*d).count() : -1,
+                                    std::memory_order_relaxed);
 }
 
 void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
@@ -230,11 +246,13 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
     st.metrics = blocks[i];
     st.pool_signature = view.pool_signature;
     st.router_cursor = routing::rr_cursor(index_);
+    st.pool_size = view.router_pool.size();
     if (auto it = old_index.find(view.name); it != old_index.end()) {
       // An unchanged router pool keeps its cursor (contract §3.2).
       const auto& old = apps_[it->second];
       if (old.pool_signature == view.pool_signature) st.router_cursor = old.router_cursor;
       st.lb_rotor = old.lb_rotor;
+      st.hedge = old.hedge;
     }
     for (const auto& ep : view.router_pool) keys.insert(ep.key);
   }
@@ -244,6 +262,7 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
   routers_.retain([&](const std::string& key) { return keys.contains(key); });
   apps_ = std::move(next);
   snap_ = std::move(snap);
+  for (const auto& a : apps_) publish_hedge(a);
 }
 
 bool worker::healthy() const {

@@ -23,6 +23,7 @@
 #include "ingressd/metrics/access_log.hpp"
 #include "ingressd/metrics/counter.hpp"
 #include "ingressd/metrics/request_metrics.hpp"
+#include "ingressd/routing/hedge.hpp"
 #include "ingressd/routing/router_memory.hpp"
 #include "ingressd/routing/router_pool.hpp"
 #include "ingressd/topology/snapshot.hpp"
@@ -89,6 +90,8 @@ struct app_state {
   std::string pool_signature;
   std::size_t lb_rotor = 0;             ///< rotates ties between equally loaded replicas
   metrics::app_metrics* metrics = nullptr;  ///< this worker's metric block of the app (by name)
+  routing::hedge_delay hedge;           ///< router.hedge auto: the app's router latency, kept by name
+  std::size_t pool_size = 0;            ///< routers in the app's pool (pools of one never hedge)
 };
 
 class session;
@@ -129,6 +132,12 @@ class worker {
   app_state& app(std::size_t i) { return apps_[i]; }
   upstream::pool& pool() { return pool_; }
   routing::router_memory& routers() { return routers_; }
+  /// router.hedge_budget: the hedges this worker may still send.
+  routing::hedge_budget& hedge_budget() { return hedge_budget_; }
+  /// The hedge delay of `app` under the current config, or nullopt when its calls are not hedged.
+  std::optional<std::chrono::steady_clock::duration> hedge_after(const app_state& app) const;
+  /// Shows `app`'s current hedge delay on /metrics and /topology (its metric block).
+  void publish_hedge(const app_state& app) const;
   shared_state& shared() { return shared_; }
   worker_stats& stats() { return stats_; }
   const worker_stats& stats() const { return stats_; }
@@ -175,6 +184,7 @@ class worker {
   std::unique_ptr<unsigned char[]> relay_window_ = std::make_unique<unsigned char[]>(relay_size);
   upstream::pool pool_;
   routing::router_memory routers_;
+  routing::hedge_budget hedge_budget_;
   worker_stats stats_;
   metrics::worker_metrics metrics_;
   std::uint64_t id_state_;  // request id generator state

@@ -17,6 +17,11 @@ inline config::config test_config(unsigned threads = 1) {
   c.admin_listen = {"127.0.0.1", 0};
   c.threads = threads;
   c.topology.file = "(test)";
+  // Most tests count and order router calls to check the pool rules (contract §4.2); a hedge,
+  // which a loaded machine can trigger at any time, would add calls. Hedging has its own tests
+  // (hedge_test.cpp), and the process tests run the default.
+  c.router.hedge_auto = false;
+  c.router.hedge_after = {};
   return c;
 }
 

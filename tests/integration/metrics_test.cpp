@@ -358,6 +358,7 @@ TEST(Metrics, AccessLogHasOneLinePerRequest) {
     EXPECT_EQ(l["status"], 200);
     EXPECT_EQ(l["bytes"], r1.body.size());
     EXPECT_EQ(l["router"], "router-a");
+    EXPECT_EQ(l["router_hedged"], false);
     EXPECT_EQ(l["router_addr"], node_ip + ":" + std::to_string(cl.router->port()));
     EXPECT_EQ(l["router_outcome"], "ok");
     EXPECT_TRUE(l["router_latency"].is_number());

@@ -632,7 +632,9 @@ TEST_F(Process, RayFixtureDirectIngressDashboardRoutesThroughTheColocatedRouter)
                                       {{"127.0.0.3", 30101}, r2.port()}}));
   std::string out;
   ASSERT_EQ(run_to_exit({"--topology-file", path("topology.json"), "--check-config"}, &out), 0) << out;
-  auto p = start();
+  // No hedging: a call to r1 that a loaded machine stalls would be hedged to r2, and the point
+  // here is which router the pool order asks.
+  auto p = start("router:\n  hedge: off\n");
 
   std::set<std::string> served;
   for (int i = 0; i < 4; ++i) {

@@ -123,6 +123,27 @@ TEST(ConfigDefaults, NeverCutALongGenerationAndFollowRay) {
   EXPECT_EQ(c.health.error_limit, 3u);
 }
 
+TEST(ConfigDefaults, HedgeAutomaticallyWithinATenthOfCalls) {
+  const config c;
+  EXPECT_TRUE(c.router.hedge_auto);
+  EXPECT_EQ(c.router.hedge_budget_permille, 100u);
+}
+
+TEST(ConfigYaml, HedgeOffAutoOrADuration) {
+  auto off = load_ok("router:\n  hedge: off\n");
+  EXPECT_FALSE(off.router.hedge_auto);
+  EXPECT_EQ(off.router.hedge_after, duration{0});
+  auto fixed = load_ok("router:\n  hedge: 3ms\n  hedge_budget: 2.5%\n");
+  EXPECT_FALSE(fixed.router.hedge_auto);
+  EXPECT_EQ(fixed.router.hedge_after, 3ms);
+  EXPECT_EQ(fixed.router.hedge_budget_permille, 25u);
+  config base;
+  base.router.hedge_auto = false;
+  EXPECT_TRUE(load_ok("router:\n  hedge: auto\n", base).router.hedge_auto);
+  EXPECT_EQ(load_ok("router:\n  hedge_budget: 0%\n").router.hedge_budget_permille, 0u);
+  EXPECT_EQ(load_ok("router:\n  hedge_budget: 100\n").router.hedge_budget_permille, 1000u);
+}
+
 TEST(ConfigYaml, EmptyDocumentsGiveDefaults) {
   EXPECT_EQ(load_ok(""), config{});
   EXPECT_EQ(load_ok("# only a comment\n\n"), config{});
@@ -154,6 +175,8 @@ router:
   body_limit: 1MiB
   body_wait: 1500ms
   session_header: X-Conversation-ID
+  hedge: 4ms
+  hedge_budget: 5%
   on_failure: fail_open
 upstream:
   connect_timeout: 3s
@@ -205,6 +228,9 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
   EXPECT_EQ(cfg.router.body_limit, 1024u * 1024);
   EXPECT_EQ(cfg.router.body_wait, 1500ms);
   EXPECT_EQ(cfg.router.session_header, "x-conversation-id");  // stored lowercased
+  EXPECT_FALSE(cfg.router.hedge_auto);
+  EXPECT_EQ(cfg.router.hedge_after, 4ms);
+  EXPECT_EQ(cfg.router.hedge_budget_permille, 50u);
   EXPECT_EQ(cfg.router.failure_mode, on_failure::fail_open);
 
   EXPECT_EQ(cfg.upstream.connect_timeout, 3s);
@@ -243,7 +269,8 @@ TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
       "listen", "admin_listen", "threads", "busy_poll_us", "node_ip", "root_path", "log_level", "access_log",
       "topology.file", "topology.ray_dashboard", "topology.url", "topology.poll_interval",
       "topology.timeout", "topology.local_dial_host", "router.methods", "router.timeout",
-      "router.forward_body", "router.body_limit", "router.body_wait", "router.session_header", "router.on_failure",
+      "router.forward_body", "router.body_limit", "router.body_wait", "router.session_header", "router.hedge",
+      "router.hedge_budget", "router.on_failure",
       "upstream.connect_timeout", "upstream.first_byte_timeout", "upstream.idle_timeout",
       "upstream.retries", "upstream.max_idle_per_replica", "client.header_timeout",
       "client.body_timeout", "client.keepalive_timeout", "client.max_header_bytes",
@@ -408,6 +435,11 @@ INSTANTIATE_TEST_SUITE_P(
         bad_value{"router:\n  body_limit: 256kb", "t.yaml:2: router.body_limit: ", "expected a size"},
         bad_value{"router:\n  session_header: 'x session'", "t.yaml:2: router.session_header: ",
                   "expected a header name"},
+        bad_value{"router:\n  hedge: 0ms", "t.yaml:2: router.hedge: ", "expected auto, off or a duration"},
+        bad_value{"router:\n  hedge: sometimes", "t.yaml:2: router.hedge: ", "expected auto, off or a duration"},
+        bad_value{"router:\n  hedge_budget: 120%", "t.yaml:2: router.hedge_budget: ", "from 0% to 100%"},
+        bad_value{"router:\n  hedge_budget: ten", "t.yaml:2: router.hedge_budget: ", "from 0% to 100%"},
+        bad_value{"router:\n  hedge_budget: -1%", "t.yaml:2: router.hedge_budget: ", "from 0% to 100%"},
         bad_value{"router:\n  on_failure: open", "t.yaml:2: router.on_failure: ", "fail_closed or fail_open"},
         bad_value{"upstream:\n  connect_timeout: 0s", "t.yaml:2: upstream.connect_timeout: ", "greater than 0"},
         bad_value{"upstream:\n  first_byte_timeout: 5 m", "t.yaml:2: upstream.first_byte_timeout: ",

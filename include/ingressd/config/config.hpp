@@ -50,6 +50,15 @@ struct router_settings {
   duration body_wait = 5s;
   std::string session_header = "x-session-id"; ///< router.session_header ("" disables), lowercased
   on_failure failure_mode = on_failure::fail_closed;  ///< router.on_failure
+  /// router.hedge: when a router has not answered after the hedge delay, the same call goes to the
+  /// next router of the pool as well and the first 200 wins. `auto` (hedge_auto): the delay
+  /// follows the app's recent router latency (routing::hedge_delay); a duration: that delay;
+  /// `off`: never (hedge_auto false, hedge_after zero).
+  bool hedge_auto = true;
+  duration hedge_after{0};
+  /// router.hedge_budget: the most a worker hedges, as a share of its router calls over the last
+  /// 10 s (routing::hedge_budget), in per mille: 100 = 10 %.
+  unsigned hedge_budget_permille = 100;
   bool operator==(const router_settings&) const = default;
 };
 

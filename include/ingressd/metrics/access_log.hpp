@@ -19,6 +19,8 @@
 //   router_addr     its "ip:port"
 //   router_latency  seconds, the whole routing decision including failovers
 //   router_outcome  "ok" or the router failure reason
+//   router_hedged   true when the routing call was hedged (router.hedge: a second router was
+//                   asked; `router` is then the one whose reply was used), null without router
 //   replica         the replica the request was sent to (target name), replica_addr its "ip:port"
 //   retries         connect failures retried on other replicas
 //   termination     ok | client_abort | upstream_abort | timeout | error | shutdown
@@ -58,6 +60,7 @@ struct access_entry {
   std::string_view router_addr;
   std::chrono::nanoseconds router_latency{0};
   std::string_view router_outcome;
+  bool router_hedged = false;
   std::string_view replica;  ///< "" = no replica (replica fields are null)
   std::string_view replica_addr;
   unsigned retries = 0;

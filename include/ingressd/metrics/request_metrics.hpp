@@ -37,10 +37,18 @@ inline constexpr std::size_t router_outcome_count = 5;
 std::size_t router_outcome_index(std::optional<reason> failure) noexcept;
 std::string_view router_outcome_name(std::size_t index) noexcept;
 
-/// Result of one router attempt (label `result` of ingressd_router_attempts_total).
-enum class attempt_result : std::uint8_t { ok, no_reply, non_200 };
-inline constexpr std::size_t attempt_result_count = 3;
+/// Result of one router attempt (label `result` of ingressd_router_attempts_total). cancelled: a
+/// hedged call whose other call won first (router.hedge); not a failure of the router.
+enum class attempt_result : std::uint8_t { ok, no_reply, non_200, cancelled };
+inline constexpr std::size_t attempt_result_count = 4;
 std::string_view to_string(attempt_result r) noexcept;
+
+/// What became of a hedge (label `result` of ingressd_router_hedges_total): sent (a second
+/// router was asked), won (its reply was the one used), refused (late, but router.hedge_budget
+/// was spent).
+enum class hedge_result : std::uint8_t { sent, won, refused };
+inline constexpr std::size_t hedge_result_count = 3;
+std::string_view to_string(hedge_result r) noexcept;
 
 /// Counts per HTTP status code without a map: a fixed table of slots, filled in first-seen order.
 /// Single writer; readers see a slot once its code is published (release/acquire on `used_`).
@@ -95,6 +103,11 @@ struct app_metrics {
   std::array<histogram, router_outcome_count> router_latency;  ///< by router_outcome_index
   std::array<counter, router_outcome_count> router_failures;   ///< index 0 unused
   counter truncations;     ///< ingressd_router_truncations_total
+  std::array<counter, hedge_result_count> hedges;  ///< ingressd_router_hedges_total, by hedge_result
+  /// ingressd_router_hedge_delay_seconds: this worker's current hedge delay for the app, in
+  /// microseconds; -1 when it does not hedge (router.hedge off, a pool of one router). Written by
+  /// the owning worker, read by /metrics and /topology.
+  std::atomic<std::int64_t> hedge_delay_us{-1};
   /// ingressd_generated_responses_total: responses ingressd generated itself, by reason (the
   /// X-Serve-Reason it sent), indexed by the enum's value.
   std::array<counter, reason_count> generated;
