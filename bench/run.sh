@@ -6,6 +6,7 @@
 #   bench/run.sh --profile plain|router [--duration S]    # ingressd under callgrind, instructions/request
 #   bench/run.sh --scaling [--rounds N]                   # only the 1 -> 2 thread runs (see README)
 #   bench/run.sh --ab OLD [--rounds N] [--duration S]     # this build vs another ingressd build, paired
+#   bench/run.sh --hedge [--rounds N] [--duration S]      # late routers: hedged router calls (README)
 #
 # Layout (2 cores): core 1 = the proxy under test (ingressd --threads 1 / HAProxy nbthread 1),
 # core 0 = everything else (wrk, nginx fakes for replicas and routers, the Python SSE replica and
@@ -28,6 +29,7 @@ IDLE_N=""
 KEEP=0
 PROFILE=""
 AB=""
+HEDGE=0
 INGRESSD=${INGRESSD:-$ROOT/build/release/ingressd}
 PORT_BASE=${BENCH_PORT_BASE:-18400}
 GATE_RATIO=${BENCH_GATE_RATIO:-2.0}
@@ -44,6 +46,7 @@ while (($#)); do
     --keep) KEEP=1 ;;
     --profile) PROFILE=$2; shift ;;
     --ab) AB=$2; shift ;;
+    --hedge) HEDGE=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -58,6 +61,10 @@ elif [ -n "$AB" ]; then
   [ -x "$AB" ] || { echo "--ab: '$AB' is not an executable" >&2; exit 2; }
   ROUNDS=${ROUNDS:-12}; DURATION=${DURATION:-2}; WARMUP=1; IDLE_N=${IDLE_N:-100}; TTFT_N=${TTFT_N:-100}
   SCENARIOS=(plain_c64 router_c16 router_c64 router_c256); THREADS2=0
+elif ((HEDGE)); then
+  # Router conditions x proxies, all at 64 connections on the router path (bench/README "Late routers").
+  ROUNDS=${ROUNDS:-3}; DURATION=${DURATION:-6}; WARMUP=1; IDLE_N=${IDLE_N:-100}; TTFT_N=0
+  SCENARIOS=(); THREADS2=0
 elif ((QUICK)); then
   ROUNDS=${ROUNDS:-1}; DURATION=${DURATION:-4}; WARMUP=1; IDLE_N=${IDLE_N:-2000}; TTFT_N=50
   SCENARIOS=(plain_c64 router_c64); THREADS2=0
@@ -226,7 +233,8 @@ EOF
   }
 EOF
   done
-  for p in "${ROUTER_PORTS[@]}"; do
+  # --hedge: the app's routers are ingressd-bench-router processes (late on purpose), started per condition
+  ((HEDGE)) || for p in "${ROUTER_PORTS[@]}"; do
     cat <<EOF
   server {   # ingress request router of app llm (LLMRouter reply shape)
     listen $NODE_IP:$p backlog=4096;
@@ -609,7 +617,70 @@ log "cores: proxy on $PROXY_CORE, wrk + fakes + clients on $LOAD_CORE; rounds=$R
 log "other load on this machine right now (loadavg): $(cut -d' ' -f1-3 /proc/loadavg)"
 start_bg nginx $LOAD_CORE nginx -p "$TMP" -c "$TMP/nginx.conf"
 start_bg sse_server $LOAD_CORE python3 "$LIB/sse_server.py" --port "$P_SSE" --events 3 --interval-ms 5
-wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port $NODE_IP "${ROUTER_PORTS[0]}"; wait_port 127.0.0.1 "$P_SSE"
+wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port 127.0.0.1 "$P_SSE"
+((HEDGE)) || wait_port $NODE_IP "${ROUTER_PORTS[0]}"
+
+# --hedge: the llm app's two co-located routers answer late on purpose (ingressd-bench-router);
+# per condition, HAProxy + Lua, ingressd (router.hedge auto, the default) and ingressd with
+# router.hedge off run side by side on the proxy core, each measured while the others idle.
+if ((HEDGE)); then
+  ROUTER_BIN=${BENCH_ROUTER:-$(dirname "$INGRESSD")/ingressd-bench-router}
+  if [ ! -x "$ROUTER_BIN" ]; then
+    (cd "$ROOT" && cmake --build --preset release --target ingressd-bench-router >/dev/null)
+    ROUTER_BIN=$ROOT/build/release/ingressd-bench-router
+  fi
+  { cat "$TMP/ingressd.yaml"; printf 'router:\n  hedge: off\n'; } >"$TMP/ingressd-nohedge.yaml"
+  replica_args=()
+  for i in 0 1 2 3; do replica_args+=(--replica "SERVE_REPLICA::llm#LLMServer#${REPLICA_NAMES[$i]}=127.0.0.1:${REPLICA_PORTS[$i]}"); done
+  # condition -> the first router's delay arguments (the second always answers at once)
+  declare -A CONDITION=([healthy]="" [stall5]="--delay-ms 50 --delay-share 0.05" [slow20]="--delay-ms 20")
+  hedge_sent() { # ingressd's hedges sent and llm requests answered so far, from its /metrics
+    python3 - "$1" <<'EOF'
+import re, sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
+h = sum(float(v) for v in re.findall(r'^ingressd_router_hedges_total\{app="llm",result="sent"\} (\S+)', text, re.M))
+q = sum(float(v) for v in re.findall(r'^ingressd_requests_total\{app="llm",[^}]*\} (\S+)', text, re.M))
+print("%d %d" % (h, q))
+EOF
+  }
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for cond in healthy stall5 slow20; do
+      read -ra delay <<<"${CONDITION[$cond]}"
+      start_bg router-q1 $LOAD_CORE "$ROUTER_BIN" --listen "$NODE_IP:${ROUTER_PORTS[0]}" "${replica_args[@]}" "${delay[@]}"
+      Q1=$LAST_PID
+      start_bg router-q2 $LOAD_CORE "$ROUTER_BIN" --listen "$NODE_IP:${ROUTER_PORTS[1]}" "${replica_args[@]}"
+      Q2=$LAST_PID
+      wait_port $NODE_IP "${ROUTER_PORTS[0]}"; wait_port $NODE_IP "${ROUTER_PORTS[1]}"
+      start_proxies 1
+      ingressd_args "$P_ING2" "$P_ING2_ADMIN" "$TMP/ingressd-nohedge.yaml" 1
+      start_bg ingressd-nohedge "$PROXY_CORE" "${ING_ENV[@]}" "$INGRESSD" "${ING_ARGS[@]}"
+      NOH_PID=$LAST_PID
+      wait_port 127.0.0.1 "$P_ING2"; probe 127.0.0.1 "$P_ING2" || { tail -20 "$TMP/ingressd-nohedge.log" >&2; exit 1; }
+      if ((r % 2)); then ORDER=(ingressd nohedge haproxy); else ORDER=(haproxy nohedge ingressd); fi
+      for p in "${ORDER[@]}"; do
+        case $p in
+          ingressd) port=$ING_PORT; pid=$ING_PID ;;
+          nohedge) port=$P_ING2; pid=$NOH_PID ;;
+          haproxy) port=$HAP_PORT; pid=$HAP_PID ;;
+        esac
+        [ "$p" = ingressd ] && read -r h0 q0 <<<"$(hedge_sent "$P_ING_ADMIN")"
+        run_wrk "$r" "$p" "$port" "$pid" "hedge_${cond}" 64 POST
+        if [ "$p" = ingressd ]; then
+          read -r h1 q1 <<<"$(hedge_sent "$P_ING_ADMIN")"
+          printf '%s\t%s\t%s\thedged_pct\t%s\n' "$r" ingressd "hedge_${cond}" \
+            "$(awk -v h=$((h1 - h0)) -v q=$((q1 - q0)) 'BEGIN{printf "%.3f", q ? 100 * h / q : 0}')" >>"$RESULTS"
+        fi
+      done
+      stop_pid "$NOH_PID"; stop_proxies; stop_pid "$Q1"; stop_pid "$Q2"
+    done
+  done
+  echo
+  echo "late routers, router path POST at 64 connections: HAProxy $(awk '{print $3}' <<<"$HAP_VERSION") + Lua vs" \
+       "ingressd (router.hedge auto) vs ingressd (router.hedge off); proxy core $PROXY_CORE; $ROUNDS round(s) x ${DURATION}s;" \
+       "loadavg at end $(cut -d' ' -f1-3 /proc/loadavg)"
+  python3 "$LIB/report.py" hedge --results "$RESULTS"
+  exit 0
+fi
 
 # --profile: ingressd alone under callgrind, 64 connections (BENCH_PROFILE_CONNS); instructions are counted only while
 # wrk's measured run goes (zeroed after the warm-up), so Ir/request is repeatable whatever else

@@ -6,6 +6,10 @@
       parse one `wrk --latency` output, print result rows (TSV: round proxy scenario metric value)
   report.py json  --json '{...}' --round R --proxy P --scenario S [--keys a,b,c]
       turn one JSON object (ttft.py / idle_conns.py output) into result rows
+  report.py hedge --results results.tsv
+      the late-router comparison of run.sh --hedge: per router condition and proxy, req/s, p50 and
+      p99 (medians over rounds), p99 over the same proxy's p99 with healthy routers, and the share
+      of requests ingressd hedged; then the goal checks (bench/README "Late routers")
   report.py table --results results.tsv [--quick] [--gate-ratio 2.0]
       print the comparison table (medians over rounds, per-round ratios) and the goal checks;
       with --quick, exit 1 when ingressd's router-path req/s is below gate-ratio x HAProxy's in
@@ -374,6 +378,52 @@ def cmd_ab(a):
     return 0
 
 
+def cmd_hedge(a):
+    data = load(a.results)
+    proxies = [("haproxy", "HAProxy + Lua"), ("ingressd", "ingressd (hedge auto)"), ("nohedge", "ingressd (hedge off)")]
+    conds = [("healthy", "both routers healthy"), ("stall5", "one router: 5% of replies +50 ms"),
+             ("slow20", "one router always +20 ms")]
+    print("%-34s | %-22s | %-9s | %-8s | %-8s | %-16s | %-8s" % ("routers", "proxy", "req/s", "p50 ms", "p99 ms",
+                                                                "p99 / healthy", "hedged %"))
+    print("-" * 35 + "+" + "-" * 24 + "+" + "-" * 11 + "+" + "-" * 10 + "+" + "-" * 10 + "+" + "-" * 18 + "+" + "-" * 9)
+    p99_ratio = {}
+    for cond, clabel in conds:
+        for proxy, plabel in proxies:
+            scen = "hedge_" + cond
+            rps = med(data.get((proxy, scen, "rps"), {}))
+            if rps is None:
+                continue
+            p50 = med(data.get((proxy, scen, "p50_ms"), {}))
+            p99 = med(data.get((proxy, scen, "p99_ms"), {}))
+            rs = per_round_ratio(data.get((proxy, scen, "p99_ms"), {}), data.get((proxy, "hedge_healthy", "p99_ms"), {}))
+            ratio = statistics.median(rs) if rs else None
+            p99_ratio[(proxy, cond)] = ratio
+            hedged = med(data.get((proxy, scen, "hedged_pct"), {}))
+            print("%-34s | %-22s | %-9.0f | %-8.3f | %-8.3f | %-16s | %-8s" % (
+                clabel, plabel, rps, p50 or 0, p99 or 0, "%.2f" % ratio if ratio else "-",
+                "%.2f" % hedged if hedged is not None else "-"))
+    print()
+    print("goals (issue #18):")
+    for cond in ("stall5", "slow20"):
+        r = p99_ratio.get(("ingressd", cond))
+        h = p99_ratio.get(("haproxy", cond))
+        if r is None:
+            continue
+        print("  [%s] %s: ingressd p99 <= 1.5x its healthy p99: %.2fx (HAProxy: %s)" % (
+            "PASS" if r <= 1.5 else "FAIL", cond, r, "%.2fx" % h if h else "-"))
+        hedged = med(data.get(("ingressd", "hedge_" + cond, "hedged_pct"), {}))
+        if hedged is not None:
+            print("  [%s] %s: extra router calls <= 10%% of requests: %.2f%%" % ("PASS" if hedged <= 10 else "FAIL",
+                                                                              cond, hedged))
+    rs = per_round_ratio(data.get(("ingressd", "hedge_healthy", "rps"), {}), data.get(("nohedge", "hedge_healthy", "rps"), {}))
+    if rs:
+        lo, hi = min(rs), max(rs)
+        print("  [%s] healthy routers: req/s hedge auto / hedge off = %.3f [%.3f-%.3f] (within noise: the range"
+              " holds 1 or the median is within 3%%)" % ("PASS" if lo <= 1 <= hi or abs(statistics.median(rs) - 1) <= 0.03
+                                                       else "FAIL", statistics.median(rs), lo, hi))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -396,6 +446,8 @@ def main():
     j.add_argument("--keys")
     b = sub.add_parser("ab")
     b.add_argument("--results", required=True)
+    h = sub.add_parser("hedge")
+    h.add_argument("--results", required=True)
     t = sub.add_parser("table")
     t.add_argument("--results", required=True)
     t.add_argument("--quick", action="store_true")
@@ -407,6 +459,8 @@ def main():
         cmd_json(a)
     elif a.cmd == "ab":
         sys.exit(cmd_ab(a))
+    elif a.cmd == "hedge":
+        sys.exit(cmd_hedge(a))
     else:
         sys.exit(cmd_table(a))
 

@@ -60,6 +60,18 @@ router_behaviour router_server::next_behaviour() {
   return b;
 }
 
+bool router_server::delayed(const router_behaviour& b) {
+  if (b.delay.count() <= 0 || b.delay_share <= 0) return false;
+  if (b.delay_share >= 1) return true;
+  std::lock_guard lock(script_mu_);
+  // splitmix64: a repeatable sequence from the fixed seed, the same in every run.
+  std::uint64_t z = (coin_ += 0x9e3779b97f4a7c15);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53 < b.delay_share;
+}
+
 std::vector<recorded_request> router_server::route_requests() const {
   auto all = requests();
   std::erase_if(all, [](const recorded_request& r) { return r.path() != "/internal/route"; });
@@ -84,7 +96,7 @@ awaitable<after_reply> router_server::handle(exchange& ex) {
     co_await ex.wait_for_peer_close();
     co_return after_reply::done;
   }
-  if (b.delay.count() > 0 && !co_await ex.wait(b.delay)) co_return after_reply::done;
+  if (delayed(b) && !co_await ex.wait(b.delay)) co_return after_reply::done;
 
   switch (b.what) {
     case router_behaviour::kind::close_without_reply:

@@ -23,10 +23,14 @@ boost::container::small_vector<std::size_t, 8> router_attempt_order(std::span<co
                                                                     std::size_t start) {
   const std::size_t n = states.size();
   boost::container::small_vector<std::size_t, 8> order;
-  for (const bool down_pass : {false, true})
+  // Three passes: routers up (or due a probe), then slow ones, then those that failed recently.
+  auto pass_of = [](router_memory::state s) {
+    return s == router_memory::state::down ? 2 : s == router_memory::state::slow ? 1 : 0;
+  };
+  for (int pass = 0; pass < 3; ++pass)
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t r = (start + i) % n;
-      if ((states[r] == router_memory::state::down) == down_pass) order.push_back(r);
+      if (pass_of(states[r]) == pass) order.push_back(r);
     }
   return order;
 }

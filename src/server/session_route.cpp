@@ -21,6 +21,10 @@ constexpr std::uint64_t router_body_limit = 1024 * 1024;
 /// Timeout for an attempt at a router that recently gave no reply: a probe, not a full wait.
 constexpr auto router_probe_timeout = std::chrono::seconds(1);
 
+bool failed_recently(routing::router_memory::state s) {
+  return s == routing::router_memory::state::probe || s == routing::router_memory::state::down;
+}
+
 }  // namespace
 
 bool session::router_decides(request_state& rs) {
@@ -165,7 +169,8 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
     note_router_attempt(r, pool[r], ex, took);
     learn(ex, took);
     if (ex.replied) memory.replied(pool[r].key);
-    else if (!ex.lost && !aborted_) {
+    else if (ex.lost) memory.lost(pool[r].key, clock::now());
+    else if (!aborted_) {
       memory.failed(pool[r].key, clock::now());
       spdlog::debug("router {} gave no reply{}", pool[r].key, ex.timed_out ? " (timeout)" : "");
     }
@@ -177,7 +182,7 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
     const auto& ep = pool[r];
     consulted = &ep;
     clock::duration timeout = cfg.router.timeout;
-    if (states[r] != routing::router_memory::state::up) {
+    if (failed_recently(states[r])) {
       timeout = std::min<clock::duration>(timeout, router_probe_timeout);
       memory.probing(ep.key, now);
     }
@@ -189,7 +194,7 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
       const std::size_t h = order[k + 1];
       race.ep = &pool[h];
       race.pool_index = h;
-      race.probe = states[h] != routing::router_memory::state::up;
+      race.probe = failed_recently(states[h]);
       race.request = parts;
       race.request.host = race.ep->key;
       hedge_at = clock::now() + *hedge;

@@ -78,6 +78,14 @@ TEST(RouterAttemptOrder, FromTheCursorWithRoutersThatFailedRecentlyLast) {
   EXPECT_TRUE(router_attempt_order({}, 0).empty());
 }
 
+TEST(RouterAttemptOrder, SlowRoutersAfterTheUpOnesBeforeTheDownOnes) {
+  using st = router_memory::state;
+  const std::vector<st> mixed{st::slow, st::down, st::up, st::slow};
+  // From the cursor (0): up {2}, then slow {0, 3}, then down {1}.
+  EXPECT_EQ(router_attempt_order(mixed, 0), (boost::container::small_vector<std::size_t, 8>{2, 0, 3, 1}));
+  EXPECT_EQ(router_attempt_order(mixed, 3), (boost::container::small_vector<std::size_t, 8>{2, 3, 0, 1}));
+}
+
 TEST(RouterAttemptOrder, WithTheMemoryAndAnInjectedClock) {
   // A router that gave no reply goes last until its back-off ends, then is probed in cursor order.
   router_memory m(500ms, 4s);

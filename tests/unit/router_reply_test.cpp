@@ -114,6 +114,39 @@ TEST(RouterMemory, ProbingHoldsOthersBack) {
   EXPECT_EQ(m.get("a", t0 + 700ms), router_memory::state::down);
 }
 
+TEST(RouterMemory, ARouterThatKeepsLosingRacesIsSlowForAWhile) {
+  using namespace std::chrono_literals;
+  router_memory m;
+  const auto t0 = router_memory::clock::time_point{} + 100s;
+  for (unsigned i = 1; i < router_memory::slow_after; ++i) {
+    m.lost("a", t0);
+    EXPECT_EQ(m.get("a", t0), router_memory::state::up) << i << " losses are bad luck";
+  }
+  m.lost("a", t0);
+  EXPECT_EQ(m.get("a", t0), router_memory::state::slow);
+  EXPECT_EQ(m.get("a", t0 + router_memory::slow_for - 1ms), router_memory::state::slow);
+  // Then it gets its turns again; one more loss and it is slow at once, for another while.
+  const auto t1 = t0 + router_memory::slow_for;
+  EXPECT_EQ(m.get("a", t1), router_memory::state::up);
+  m.lost("a", t1);
+  EXPECT_EQ(m.get("a", t1 + router_memory::slow_for - 1ms), router_memory::state::slow);
+  // A reply (a race won, or a call not hedged) clears it.
+  m.replied("a");
+  EXPECT_EQ(m.get("a", t1), router_memory::state::up);
+  m.lost("a", t1);
+  EXPECT_EQ(m.get("a", t1), router_memory::state::up);
+}
+
+TEST(RouterMemory, AFailureOutranksSlowness) {
+  using namespace std::chrono_literals;
+  router_memory m(500ms, 4s);
+  const auto t0 = router_memory::clock::time_point{} + 100s;
+  for (unsigned i = 0; i < router_memory::slow_after; ++i) m.lost("a", t0);
+  m.failed("a", t0);
+  EXPECT_EQ(m.get("a", t0 + 100ms), router_memory::state::down);
+  EXPECT_EQ(m.get("a", t0 + 500ms), router_memory::state::probe);
+}
+
 TEST(RouterMemory, RetainDropsRemovedRouters) {
   router_memory m;
   m.failed("a", {});

@@ -35,6 +35,9 @@ struct router_behaviour {
   /// Delay before replying (round_robin, respond, close_without_reply), e.g. to exceed
   /// router.timeout. The delay ends early if the peer closes.
   std::chrono::milliseconds delay{0};
+  /// The share of replies that get `delay` (drawn at random per request from a seeded generator;
+  /// 1: every reply). A router that stalls now and then: a GC pause, a cold cache.
+  double delay_share = 1.0;
 
   static router_behaviour round_robin() { return {}; }
   static router_behaviour respond(unsigned status, std::string body, header_list headers = {{"Content-Type", "application/json"}}) {
@@ -57,6 +60,10 @@ struct router_behaviour {
   }
   router_behaviour& after(std::chrono::milliseconds d) {
     delay = d;
+    return *this;
+  }
+  router_behaviour& sometimes(double share) {
+    delay_share = share;
     return *this;
   }
   router_behaviour& with_request_headers(std::map<std::string, std::string> h) {
@@ -101,11 +108,14 @@ class router_server final : public server_base {
 
  private:
   router_behaviour next_behaviour();
+  /// Whether this request gets the behaviour's delay (delay_share).
+  bool delayed(const router_behaviour& b);
 
   options opts_;
   mutable std::mutex script_mu_;
   std::vector<topology::target> replicas_;
   std::size_t cursor_ = 0;
+  std::uint64_t coin_ = 0x9e3779b97f4a7c15;  // delay_share's generator (splitmix64 state), fixed seed
   std::deque<std::string> picks_;  // the most recent record_limit() picks
   router_behaviour behaviour_;
   std::deque<router_behaviour> queued_;

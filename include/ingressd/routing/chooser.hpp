@@ -50,7 +50,8 @@ struct choice_inputs {
 choice choose_upstream(std::span<const candidate> replicas, const choice_inputs& in) noexcept;
 
 /// The order in which one request tries the `states.size()` routers of its app's pool: pool
-/// order from the cursor's `start`, routers that failed recently (router_memory::state::down)
+/// order from the cursor's `start`, routers that keep losing hedged races (state::slow) after the
+/// others, routers that failed recently (router_memory::state::down)
 /// after all the others (contract §4.2: each at most once).
 boost::container::small_vector<std::size_t, 8> router_attempt_order(std::span<const router_memory::state> states,
                                                                     std::size_t start);
