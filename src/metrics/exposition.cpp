@@ -17,6 +17,7 @@ struct router_sum {
   std::array<std::uint64_t, attempt_result_count> results{};
   histogram_data latency{router_buckets()};
   bool colocated = false;
+  std::int64_t hedge_delay_us = -1;  ///< the largest over the workers; -1: none hedges to it
 };
 
 struct app_sum {
@@ -31,7 +32,6 @@ struct app_sum {
   std::array<std::uint64_t, router_outcome_count> failures{};
   std::uint64_t truncations = 0;
   std::array<std::uint64_t, hedge_result_count> hedges{};
-  std::int64_t hedge_delay_us = -1;  ///< the largest over the workers; -1: none hedges
   std::array<std::uint64_t, reason_count> generated{};
   std::map<std::string, router_sum> routers;  // by router label
   bool routed = false;  ///< the app has a router pool (now)
@@ -48,13 +48,13 @@ void add_block(app_sum& s, const app_metrics& b) {
   }
   s.truncations += b.truncations.get();
   for (std::size_t i = 0; i < hedge_result_count; ++i) s.hedges[i] += b.hedges[i].get();
-  s.hedge_delay_us = std::max(s.hedge_delay_us, b.hedge_delay_us.load(std::memory_order_relaxed));
   for (std::size_t i = 0; i < reason_count; ++i) s.generated[i] += b.generated[i].get();
   for (const auto& r : b.routers()) {
     auto& a = s.routers[r->label];
     for (std::size_t i = 0; i < attempt_result_count; ++i) a.results[i] += r->results[i].get();
     a.latency.add(r->latency);
     a.colocated = r->colocated;
+    a.hedge_delay_us = std::max(a.hedge_delay_us, r->hedge_delay_us.load(std::memory_order_relaxed));
   }
   if (!b.routers().empty()) s.routed = true;
 }
@@ -161,12 +161,14 @@ std::string render(const scrape_input& in) {
                  s.hedges[i]);
 
   w.family("ingressd_router_hedge_delay_seconds",
-           "How long a router call waits before it is hedged (the largest over the workers; router.hedge auto "
-           "follows the app's router latency). Absent when the app is not hedged.",
+           "How long a call to another router of the pool waits before it is hedged to this router (the largest "
+           "over the workers; router.hedge auto follows this router's latency). Absent when not hedged.",
            "gauge");
   for (const auto& [app, s] : apps)
-    if (s.routed && s.hedge_delay_us >= 0)
-      w.sample("ingressd_router_hedge_delay_seconds", {{"app", app}}, static_cast<double>(s.hedge_delay_us) / 1e6);
+    for (const auto& [router, r] : s.routers)
+      if (r.hedge_delay_us >= 0)
+        w.sample("ingressd_router_hedge_delay_seconds", {{"app", app}, {"router", router}},
+                 static_cast<double>(r.hedge_delay_us) / 1e6);
 
   w.family("ingressd_router_colocated_ratio", "Share of the app's router pool that is on this node (1 when all).",
            "gauge");

@@ -155,16 +155,19 @@ std::string admin_server::topology_json() const {
     u["in_flight"] = e.state->in_flight.load(std::memory_order_relaxed);
     return u;
   };
-  // Each worker's current hedge delay per app (router.hedge): null where it does not hedge.
-  std::unordered_map<std::string, nlohmann::json> hedge_delays;
+  // Each worker's current hedge delay per app and router (router.hedge), in ms: null where it
+  // does not hedge.
+  std::unordered_map<std::string, nlohmann::json> hedge_delays;  // by app name + "\n" + router key
   if (h_.workers)
     for (const auto* w : h_.workers())
       w->metrics().visit([&](const metrics::app_metrics& b) {
-        auto& list = hedge_delays[b.name];
-        if (!list.is_array()) list = nlohmann::json::array();
-        const auto us = b.hedge_delay_us.load(std::memory_order_relaxed);
-        if (us < 0) list.push_back(nullptr);
-        else list.push_back(static_cast<double>(us) / 1000.0);
+        for (const auto& r : b.routers()) {
+          auto& list = hedge_delays[b.name + "\n" + r->key];
+          if (!list.is_array()) list = nlohmann::json::array();
+          const auto us = r->hedge_delay_us.load(std::memory_order_relaxed);
+          if (us < 0) list.push_back(nullptr);
+          else list.push_back(static_cast<double>(us) / 1000.0);
+        }
       });
   auto& apps = j["apps"] = nlohmann::json::array();
   for (const auto& a : snap->apps) {
@@ -172,10 +175,12 @@ std::string admin_server::topology_json() const {
     app["name"] = a.name;
     app["route_prefix"] = a.route_prefix;
     app["router_fallback"] = a.router_fallback;
-    if (auto it = hedge_delays.find(a.name); it != hedge_delays.end()) app["hedge_delay_ms"] = it->second;
     auto& pool = app["router_pool"] = nlohmann::json::array();
-    for (const auto& r : a.router_pool)
-      pool.push_back({{"address", r.key}, {"name", r.name}, {"colocated", r.colocated}});
+    for (const auto& r : a.router_pool) {
+      nlohmann::json e{{"address", r.key}, {"name", r.name}, {"colocated", r.colocated}};
+      if (auto it = hedge_delays.find(a.name + "\n" + r.key); it != hedge_delays.end()) e["hedge_delay_ms"] = it->second;
+      pool.push_back(std::move(e));
+    }
     auto& reps = app["replicas"] = nlohmann::json::array();
     for (const auto& r : a.replicas) reps.push_back(upstream(r));
     if (a.fallback) app["fallback"] = upstream(*a.fallback);

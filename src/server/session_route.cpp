@@ -123,11 +123,9 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
   // the topology changed while the body prefix was read, use the app's cursor there only when
   // its pool is the same.
   std::size_t start = 0;
-  std::optional<clock::duration> hedge;  // the hedge delay, when this decision may hedge
-  if (auto* st = app_now(rs, true)) {
-    start = st->router_cursor.take(n);
-    hedge = w_.hedge_after(*st);
-  }
+  const auto& rc = cfg.router;
+  const bool may_hedge = n > 1 && rc.hedge_budget_permille > 0 && (rc.hedge_auto || rc.hedge_after.count() > 0);
+  if (auto* st = app_now(rs, true)) start = st->router_cursor.take(n);
 
   // The session header, or its -/_ variant (ray-serve-ingress.md §2.1).
   std::string_view session_value;
@@ -149,25 +147,26 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
   boost::container::small_vector<routing::router_memory::state, 8> states(n);
   for (std::size_t r = 0; r < n; ++r) states[r] = memory.get(pool[r].key, now);
   const auto order = routing::router_attempt_order(states, start);
-  if (hedge) w_.hedge_budget().call(now);
+  if (may_hedge) w_.hedge_budget().call(now);
   hedge_race race;
   registration<hedge_race> racing(rq_->race, race);
   bool race_over = false;  // the hedge's outcome has been taken into account
   const topology::endpoint* consulted = nullptr;
 
-  // A call that replied teaches the app's hedge delay its router latency.
-  auto learn = [&](const router_exchange& ex, clock::duration took) {
-    if (!ex.replied || !cfg.router.hedge_auto) return;
-    if (auto* st = app_now(rs, false)) {
-      const auto before = st->hedge.delay();
-      st->hedge.record(took);
-      if (st->hedge.delay() != before) w_.publish_hedge(*st);
+  // A call that replied teaches the hedge delay its router's latency.
+  auto learn = [&](std::size_t r, const router_exchange& ex, clock::duration took) {
+    if (!ex.replied || !rc.hedge_auto) return;
+    if (auto* st = app_now(rs, true)) {
+      auto& est = st->router_latency[r];
+      const auto before = est.delay();
+      est.record(took);
+      if (est.delay() != before) w_.publish_hedge(*st, r);
     }
   };
   // What one call's end says about its router (dead-router memory, metrics).
   auto account = [&](std::size_t r, const router_exchange& ex, clock::duration took) {
     note_router_attempt(r, pool[r], ex, took);
-    learn(ex, took);
+    learn(r, ex, took);
     if (ex.replied) memory.replied(pool[r].key);
     else if (ex.lost) memory.lost(pool[r].key, clock::now());
     else if (!aborted_) {
@@ -189,15 +188,18 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
     parts.host = ep.key;
     routing::build_router_request(parts, rq_->router_request);
     auto hedge_at = clock::time_point::max();
-    if (hedge && !race.launched && !race.refused && k + 1 < order.size()) {
+    if (may_hedge && !race.launched && !race.refused && k + 1 < order.size()) {
       // A decision hedges at most once: to the router it would fail over to next.
       const std::size_t h = order[k + 1];
-      race.ep = &pool[h];
-      race.pool_index = h;
-      race.probe = failed_recently(states[h]);
-      race.request = parts;
-      race.request.host = race.ep->key;
-      hedge_at = clock::now() + *hedge;
+      if (auto* st = app_now(rs, true))
+        if (const auto delay = w_.hedge_after(*st, h)) {
+          race.ep = &pool[h];
+          race.pool_index = h;
+          race.probe = failed_recently(states[h]);
+          race.request = parts;
+          race.request.host = race.ep->key;
+          hedge_at = clock::now() + *delay;
+        }
     }
     const auto attempt_start = clock::now();
     auto ex = co_await router_attempt(ep, rq_->router_request, timeout, 0, hedge_at);

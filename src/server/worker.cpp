@@ -220,16 +220,22 @@ void worker::apply_config(std::shared_ptr<const config::config> next) {
   for (const auto& a : apps_) publish_hedge(a);
 }
 
-std::optional<std::chrono::steady_clock::duration> worker::hedge_after(const app_state& app) const {
+std::optional<std::chrono::steady_clock::duration> worker::hedge_after(const app_state& app,
+                                                                      std::size_t pool_index) const {
   const auto& r = cfg_->router;
-  return routing::hedge_after(r.hedge_auto, r.hedge_after, r.hedge_budget_permille, app.pool_size, app.hedge);
+  return routing::hedge_after(r.hedge_auto, r.hedge_after, r.hedge_budget_permille, app.router_latency.size(),
+                              app.router_latency[pool_index]);
+}
+
+void worker::publish_hedge(const app_state& app, std::size_t pool_index) const {
+  if (!app.metrics || pool_index >= app.metrics->routers().size()) return;
+  const auto d = hedge_after(app, pool_index);
+  app.metrics->routers()[pool_index]->hedge_delay_us.store(
+      d ? std::chrono::duration_cast<std::chrono::microseconds>(*d).count() : -1, std::memory_order_relaxed);
 }
 
 void worker::publish_hedge(const app_state& app) const {
-  if (!app.metrics) return;
-  const auto d = hedge_after(app);
-  app.metrics->hedge_delay_us.store(d ? std::chrono::duration_cast<std::chrono::microseconds>(*d).count() : -1,
-                                    std::memory_order_relaxed);
+  for (std::size_t i = 0; i < app.router_latency.size(); ++i) publish_hedge(app, i);
 }
 
 void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
@@ -246,13 +252,15 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
     st.metrics = blocks[i];
     st.pool_signature = view.pool_signature;
     st.router_cursor = routing::rr_cursor(index_);
-    st.pool_size = view.router_pool.size();
+    st.router_latency.resize(view.router_pool.size());
     if (auto it = old_index.find(view.name); it != old_index.end()) {
       // An unchanged router pool keeps its cursor (contract §3.2).
       const auto& old = apps_[it->second];
-      if (old.pool_signature == view.pool_signature) st.router_cursor = old.router_cursor;
+      if (old.pool_signature == view.pool_signature) {
+        st.router_cursor = old.router_cursor;
+        st.router_latency = old.router_latency;
+      }
       st.lb_rotor = old.lb_rotor;
-      st.hedge = old.hedge;
     }
     for (const auto& ep : view.router_pool) keys.insert(ep.key);
   }

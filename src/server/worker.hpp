@@ -90,8 +90,11 @@ struct app_state {
   std::string pool_signature;
   std::size_t lb_rotor = 0;             ///< rotates ties between equally loaded replicas
   metrics::app_metrics* metrics = nullptr;  ///< this worker's metric block of the app (by name)
-  routing::hedge_delay hedge;           ///< router.hedge auto: the app's router latency, kept by name
-  std::size_t pool_size = 0;            ///< routers in the app's pool (pools of one never hedge)
+  /// router.hedge auto: each router's latency (parallel to the pool), kept while the pool is
+  /// unchanged. A call is hedged to router h after twice h's usual latency: what matters is how
+  /// soon the router asked next would answer, not how slow the late one usually is (which, for a
+  /// router that is always slow, would teach the delay to wait for it).
+  std::vector<routing::hedge_delay> router_latency;
 };
 
 class session;
@@ -134,9 +137,11 @@ class worker {
   routing::router_memory& routers() { return routers_; }
   /// router.hedge_budget: the hedges this worker may still send.
   routing::hedge_budget& hedge_budget() { return hedge_budget_; }
-  /// The hedge delay of `app` under the current config, or nullopt when its calls are not hedged.
-  std::optional<std::chrono::steady_clock::duration> hedge_after(const app_state& app) const;
-  /// Shows `app`'s current hedge delay on /metrics and /topology (its metric block).
+  /// How long a call of `app` waits before it is hedged to the router at `pool_index` under the
+  /// current config, or nullopt when its calls are not hedged.
+  std::optional<std::chrono::steady_clock::duration> hedge_after(const app_state& app, std::size_t pool_index) const;
+  /// Shows `app`'s current hedge delays on /metrics and /topology (its router slots).
+  void publish_hedge(const app_state& app, std::size_t pool_index) const;
   void publish_hedge(const app_state& app) const;
   shared_state& shared() { return shared_; }
   worker_stats& stats() { return stats_; }

@@ -88,6 +88,11 @@ struct router_slot {
   /// ingressd_router_attempt_latency_seconds: one call to this router, reply or failure, so that
   /// co-located and remote routers can be compared (the decision histogram mixes them).
   histogram latency{router_buckets()};
+  /// ingressd_router_hedge_delay_seconds: how long this worker lets a call to another router of
+  /// the pool wait before it hedges the call to this one, in microseconds; -1 when it does not
+  /// hedge (router.hedge off, a pool of one router). Written by the owning worker, read by
+  /// /metrics and /topology.
+  std::atomic<std::int64_t> hedge_delay_us{-1};
 };
 
 /// Everything counted for one app on one worker.
@@ -104,10 +109,6 @@ struct app_metrics {
   std::array<counter, router_outcome_count> router_failures;   ///< index 0 unused
   counter truncations;     ///< ingressd_router_truncations_total
   std::array<counter, hedge_result_count> hedges;  ///< ingressd_router_hedges_total, by hedge_result
-  /// ingressd_router_hedge_delay_seconds: this worker's current hedge delay for the app, in
-  /// microseconds; -1 when it does not hedge (router.hedge off, a pool of one router). Written by
-  /// the owning worker, read by /metrics and /topology.
-  std::atomic<std::int64_t> hedge_delay_us{-1};
   /// ingressd_generated_responses_total: responses ingressd generated itself, by reason (the
   /// X-Serve-Reason it sent), indexed by the enum's value.
   std::array<counter, reason_count> generated;
