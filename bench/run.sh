@@ -293,6 +293,8 @@ drain:
   min_period: 0s
   timeout: 0s
 EOF
+# BENCH_INGRESSD_YAML: more settings for every ingressd of the run (e.g. "router: {hedge: off}")
+if [ -n "${BENCH_INGRESSD_YAML:-}" ]; then printf '%s\n' "$BENCH_INGRESSD_YAML" >>"$TMP/ingressd.yaml"; fi
 # The busy-poll variant (TTFT only; README "SSE TTFT"): the same plus busy_poll_us, and HAProxy
 # with its global busy-polling.
 BP_US=${BENCH_BUSY_POLL_US:-200}

@@ -187,6 +187,7 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
     }
     parts.host = ep.key;
     routing::build_router_request(parts, rq_->router_request);
+    const auto attempt_start = clock::now();
     auto hedge_at = clock::time_point::max();
     if (may_hedge && !race.launched && !race.refused && k + 1 < order.size()) {
       // A decision hedges at most once: to the router it would fail over to next.
@@ -198,10 +199,9 @@ awaitable<std::pair<routing::router_reply, std::optional<reason>>> session::ask_
           race.probe = failed_recently(states[h]);
           race.request = parts;
           race.request.host = race.ep->key;
-          hedge_at = clock::now() + *delay;
+          hedge_at = attempt_start + *delay;
         }
     }
-    const auto attempt_start = clock::now();
     auto ex = co_await router_attempt(ep, rq_->router_request, timeout, 0, hedge_at);
     const auto took = clock::now() - attempt_start;
     routing::router_reply reply;
@@ -326,7 +326,11 @@ void session::on_router_timer(std::size_t slot, unsigned gen) {
   if (call.hedge_at != clock::time_point::max()) {
     call.hedge_at = clock::time_point::max();
     if (clock::now() < call.deadline) {
-      launch_hedge();
+      // A reply that has arrived and only waits for this worker to read it (a busy event loop,
+      // not a late router) would not come sooner from another router.
+      error_code ec;
+      const bool reply_waiting = call.lease && call.lease->sock.is_open() && call.lease->sock.available(ec) > 0;
+      if (!reply_waiting) launch_hedge();
       arm_router_timer(slot);
       return;
     }
