@@ -182,6 +182,16 @@ problem check_access_log(const std::string& text) {
   return std::nullopt;
 }
 
+problem check_tls_version(const std::string& v) {
+  if (v == "1.2" || v == "1.3") return std::nullopt;
+  return "expected \"1.2\" or \"1.3\", got " + in_quotes(v);
+}
+
+problem check_not_empty(const std::string& v) {
+  if (v.empty()) return std::string{"must not be empty"};
+  return std::nullopt;
+}
+
 problem check_host_port(const host_port& hp) {
   if (hp.host.find(':') != std::string::npos ? is_ipv6(hp.host) : is_host_name_or_ipv4(hp.host)) {
     return std::nullopt;
@@ -461,6 +471,24 @@ const std::vector<key_spec>& key_table() {
     // 0 is meaningful for both drain settings: stop accepting at once / abort in-flight at once.
     t.push_back({"drain.min_period", duration_setter([](config& c) -> auto& { return c.drain.min_period; }, zero::allowed)});
     t.push_back({"drain.timeout", duration_setter([](config& c) -> auto& { return c.drain.timeout; }, zero::allowed)});
+
+    // "" = no TLS listener (the default), so that a config file can switch it off again.
+    t.push_back({"tls.listen", [](config& c, const std::string& v) -> problem {
+                   if (v.empty()) {
+                     c.tls.listen = {};
+                     return std::nullopt;
+                   }
+                   return host_port_setter([](config& c2) -> auto& { return c2.tls.listen; })(c, v);
+                 }});
+    t.push_back({"tls.cert_file", optional_string_setter([](config& c) -> auto& { return c.tls.cert_file; }, any)});
+    t.push_back({"tls.key_file", optional_string_setter([](config& c) -> auto& { return c.tls.key_file; }, any)});
+    t.push_back({"tls.min_version",
+                 string_setter([](config& c) -> auto& { return c.tls.min_version; }, check_tls_version)});
+    t.push_back({"tls.ciphers", string_setter([](config& c) -> auto& { return c.tls.ciphers; }, check_not_empty)});
+    t.push_back({"tls.ciphersuites",
+                 string_setter([](config& c) -> auto& { return c.tls.ciphersuites; }, check_not_empty)});
+    t.push_back({"tls.handshake_timeout",
+                 duration_setter([](config& c) -> auto& { return c.tls.handshake_timeout; }, zero::forbidden)});
     return t;
   }();
   return table;
@@ -474,7 +502,7 @@ const key_spec* find_key(std::string_view key) {
 }
 
 bool is_section(std::string_view name) {
-  for (std::string_view s : {"topology", "router", "upstream", "client", "health", "drain"}) {
+  for (std::string_view s : {"topology", "router", "upstream", "client", "health", "drain", "tls"}) {
     if (s == name) return true;
   }
   return false;
@@ -634,6 +662,9 @@ const std::vector<flag_spec>& flag_table() {
     t.push_back({"listen", "HOST:PORT", "main listener (default " + d.listen.to_string() + ")", "listen", nullptr});
     t.push_back({"admin-listen", "HOST:PORT",
                  "metrics and topology dump (default " + d.admin_listen.to_string() + ")", "admin_listen", nullptr});
+    t.push_back({"tls-listen", "HOST:PORT", "HTTPS listener beside --listen (default: none)", "tls.listen", nullptr});
+    t.push_back({"tls-cert", "FILE", "PEM certificate (chain after it) for --tls-listen", "tls.cert_file", nullptr});
+    t.push_back({"tls-key", "FILE", "PEM private key of --tls-cert", "tls.key_file", nullptr});
     t.push_back({"node-ip", "IP",
                  "this node's Ray node IP (default: $RAY_NODE_IP_ADDRESS, else detected)", "node_ip", nullptr});
     t.push_back({"topology-file", "PATH", "static or hand-written topology, watched for changes",
@@ -876,6 +907,12 @@ std::optional<config_error> validate(const config& cfg, bool demo) {
   };
   if (auto p = check_host_port(cfg.listen)) return fail("listen", *p);
   if (auto p = check_host_port(cfg.admin_listen)) return fail("admin_listen", *p);
+  if (cfg.tls.enabled()) {
+    if (auto p = check_host_port(cfg.tls.listen)) return fail("tls.listen", *p);
+  }
+  if (auto p = check_tls_version(cfg.tls.min_version)) return fail("tls.min_version", *p);
+  if (auto p = check_not_empty(cfg.tls.ciphers)) return fail("tls.ciphers", *p);
+  if (auto p = check_not_empty(cfg.tls.ciphersuites)) return fail("tls.ciphersuites", *p);
   if (auto p = check_count(cfg.threads, 0, max_threads)) return fail("threads", *p);
   if (auto p = check_count(cfg.busy_poll_us, 0, max_busy_poll_us)) return fail("busy_poll_us", *p);
   if (!cfg.node_ip.empty()) {
@@ -913,6 +950,7 @@ std::optional<config_error> validate(const config& cfg, bool demo) {
       {"health.interval", cfg.health.interval},
       {"health.fast_interval", cfg.health.fast_interval},
       {"health.timeout", cfg.health.timeout},
+      {"tls.handshake_timeout", cfg.tls.handshake_timeout},
   };
   for (const auto& [key, value] : positive) {
     if (auto p = check_duration(value, zero::forbidden)) return fail(key, *p);
@@ -945,6 +983,24 @@ std::optional<config_error> validate(const config& cfg, bool demo) {
        is_wildcard(cfg.admin_listen.host))) {
     return config_error{"listen (" + cfg.listen.to_string() + ") and admin_listen (" +
                         cfg.admin_listen.to_string() + ") must use different addresses"};
+  }
+
+  if (cfg.tls.enabled()) {
+    if (cfg.tls.cert_file.empty() || cfg.tls.key_file.empty()) {
+      return config_error{"tls.listen (" + cfg.tls.listen.to_string() +
+                          ") needs tls.cert_file and tls.key_file (--tls-cert, --tls-key)"};
+    }
+    for (const auto& [name, other] : {std::pair<std::string_view, const host_port*>{"listen", &cfg.listen},
+                                      {"admin_listen", &cfg.admin_listen}}) {
+      if (cfg.tls.listen.port != 0 && cfg.tls.listen.port == other->port &&
+          (cfg.tls.listen.host == other->host || is_wildcard(cfg.tls.listen.host) || is_wildcard(other->host))) {
+        return config_error{"tls.listen (" + cfg.tls.listen.to_string() + ") and " + std::string{name} + " (" +
+                            other->to_string() + ") must use different addresses"};
+      }
+    }
+  } else if (!cfg.tls.cert_file.empty() || !cfg.tls.key_file.empty()) {
+    // A certificate without a listener would be ignored: say so instead of serving plain HTTP only.
+    return config_error{"tls.cert_file / tls.key_file are set but tls.listen is not (--tls-listen)"};
   }
 
   std::vector<std::string> sources;

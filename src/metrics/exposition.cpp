@@ -78,6 +78,12 @@ std::string render(const scrape_input& in) {
   w.family("ingressd_requests_received_total", "Requests whose head was read.", "counter");
   w.sample("ingressd_requests_received_total", {}, in.requests_received);
 
+  w.family("ingressd_listener_requests_total",
+           "Requests whose head was read, by listener: http (listen) or https (tls.listen).", "counter");
+  const std::uint64_t over_tls = in.tls ? in.tls->requests : 0;
+  w.sample("ingressd_listener_requests_total", {{"listener", "http"}}, in.requests_received - over_tls);
+  if (in.tls) w.sample("ingressd_listener_requests_total", {{"listener", "https"}}, over_tls);
+
   w.family("ingressd_requests_total", "Requests answered, by app and HTTP status code (499: the client left first).",
            "counter");
   for (const auto& [app, s] : apps) {
@@ -219,6 +225,26 @@ std::string render(const scrape_input& in) {
   w.sample("ingressd_active_connections", {}, in.active_connections);
   w.family("ingressd_active_streams", "Responses being relayed.", "gauge");
   w.sample("ingressd_active_streams", {}, in.active_streams);
+
+  if (in.tls) {
+    const auto& t = *in.tls;
+    w.family("ingressd_tls_connections", "Open connections on the HTTPS listener (in ingressd_active_connections too).",
+             "gauge");
+    w.sample("ingressd_tls_connections", {}, t.connections);
+    w.family("ingressd_tls_handshakes_total",
+             "TLS handshakes completed, by kind: full, or resumed from a session ticket.", "counter");
+    w.sample("ingressd_tls_handshakes_total", {{"kind", "full"}}, t.handshakes - t.resumed);
+    w.sample("ingressd_tls_handshakes_total", {{"kind", "resumed"}}, t.resumed);
+    w.family("ingressd_tls_handshake_failures_total",
+             "TLS handshakes that failed, by reason: timeout (tls.handshake_timeout), http_request (plain HTTP on "
+             "the HTTPS port), protocol_version, no_shared_cipher, peer_closed, bad_certificate (the client "
+             "refused ours), other.",
+             "counter");
+    for (const auto& [why, n] : t.failures) w.sample("ingressd_tls_handshake_failures_total", {{"reason", why}}, n);
+    w.family("ingressd_tls_certificate_expiry_timestamp_seconds",
+             "Unix time at which the HTTPS listener's certificate in force expires (its notAfter).", "gauge");
+    w.sample("ingressd_tls_certificate_expiry_timestamp_seconds", {}, static_cast<double>(t.not_after));
+  }
 
   w.family("ingressd_topology_updates_total", "Topology changes applied.", "counter");
   w.sample("ingressd_topology_updates_total", {}, in.topology_updates);

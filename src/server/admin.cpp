@@ -103,8 +103,25 @@ awaitable<void> admin_server::serve(tcp::socket sock) {
 
 std::string admin_server::metrics_text() const {
   metrics::scrape_input in;
+  const std::int64_t not_after = h_.shared ? h_.shared->tls_not_after.load(std::memory_order_relaxed) : 0;
+  if (not_after != 0) {
+    in.tls.emplace();
+    in.tls->not_after = not_after;
+    in.tls->failures.resize(tls::handshake_failure_count);
+    for (std::size_t i = 0; i < tls::handshake_failure_count; ++i)
+      in.tls->failures[i].first = tls::to_string(static_cast<tls::handshake_failure>(i));
+  }
   for (const auto* w : h_.workers()) {
     in.workers.push_back(&w->metrics());
+    if (in.tls) {
+      // Before requests: a request is counted there first, so the https share never exceeds it.
+      const auto& st = w->stats();
+      in.tls->requests += st.tls_requests.get();
+      in.tls->connections += st.tls_connections.get();
+      in.tls->resumed += st.tls_resumed.get();
+      in.tls->handshakes += st.tls_handshakes.get();
+      for (std::size_t i = 0; i < tls::handshake_failure_count; ++i) in.tls->failures[i].second += st.tls_failures[i].get();
+    }
     in.requests_received += w->stats().requests.get();
     in.active_connections += w->stats().active_connections.get();
     in.active_streams += w->stats().active_streams.get();

@@ -74,10 +74,17 @@ struct daemon::impl {
   std::unordered_map<std::string, std::string> down;
   std::function<void(const std::string&)> on_passive_down;  // set before start()
   std::uint16_t port = 0;
+  std::uint16_t tls_port = 0;
+  std::shared_ptr<const tls::server_context> tls;  // the HTTPS listener's certificate in force
   std::mutex stop_mu;
   bool stopped = false;
   bool joined = false;
   std::optional<asio::steady_timer> drain_timer;
+
+  /// The certificate in force, for /metrics (ingressd_tls_certificate_expiry_timestamp_seconds).
+  void note_tls() {
+    shared.tls_not_after.store(std::chrono::system_clock::to_time_t(tls->not_after()), std::memory_order_relaxed);
+  }
 
   std::shared_ptr<const config::config> current_config() const {
     std::lock_guard lk(cfg_mu);
@@ -168,6 +175,21 @@ void daemon::start() {
     if (i == 0) ep.port(d.workers[0]->port());
   }
   d.port = ep.port();
+  if (d.cfg->tls.enabled()) {
+    if (!d.tls) {
+      auto loaded = tls::server_context::load(d.cfg->tls);
+      if (auto* err = std::get_if<std::string>(&loaded)) throw std::runtime_error(*err);
+      d.tls = std::get<std::shared_ptr<const tls::server_context>>(std::move(loaded));
+    }
+    d.note_tls();
+    auto tls_ep = to_endpoint("tls.listen", d.cfg->tls.listen);
+    for (unsigned i = 0; i < n; ++i) {
+      if (auto ec = d.workers[i]->bind(tls_ep, i == 0, true)) cannot_listen("tls.listen", d.cfg->tls.listen, ec);
+      if (i == 0) tls_ep.port(d.workers[0]->tls_port());
+      d.workers[i]->set_tls(d.tls);
+    }
+    d.tls_port = tls_ep.port();
+  }
   const auto admin_ep = to_endpoint("admin_listen", d.cfg->admin_listen);
   error_code admin_ec;
   d.admin = std::make_unique<admin_server>(d.control, admin_ep, admin_ec, admin_server::handlers{
@@ -252,7 +274,14 @@ std::optional<std::string> daemon::reload(std::shared_ptr<const config::config> 
   // Listener sockets and worker threads stay as they are across a reload.
   if (next->listen != cur->listen) return "listen cannot change without a restart";
   if (next->admin_listen != cur->admin_listen) return "admin_listen cannot change without a restart";
+  if (next->tls.listen != cur->tls.listen) return "tls.listen cannot change without a restart";
   if (next->effective_threads() != cur->effective_threads()) return "threads cannot change without a restart";
+  std::shared_ptr<const tls::server_context> tls;
+  if (next->tls.enabled()) {
+    auto loaded = tls::server_context::load(next->tls);
+    if (auto* err = std::get_if<std::string>(&loaded)) return *err;
+    tls = std::get<std::shared_ptr<const tls::server_context>>(std::move(loaded));
+  }
   next = d.track(std::move(next));
   {
     std::lock_guard lk(d.cfg_mu);
@@ -261,7 +290,16 @@ std::optional<std::string> daemon::reload(std::shared_ptr<const config::config> 
   // Counted before any worker can apply it: whoever sees the new config in effect (a request,
   // then a scrape) also sees the reload counted.
   d.shared.config_reloads.fetch_add(1, std::memory_order_relaxed);
-  for (auto& w : d.workers) asio::post(w->ioc(), [w = w.get(), next] { w->apply_config(next); });
+  for (auto& w : d.workers)
+    asio::post(w->ioc(), [w = w.get(), next, tls] {
+      if (tls) w->set_tls(tls);
+      w->apply_config(next);
+    });
+  if (tls) {
+    d.tls = std::move(tls);
+    d.note_tls();
+    spdlog::info("tls: certificate loaded: {}", d.tls->describe());
+  }
   return std::nullopt;
 }
 
@@ -297,6 +335,9 @@ void daemon::sync() {
 
 std::uint16_t daemon::port() const { return impl_->port; }
 std::uint16_t daemon::admin_port() const { return impl_->admin ? impl_->admin->port() : 0; }
+std::uint16_t daemon::tls_port() const { return impl_->tls_port; }
+
+void daemon::set_tls(std::shared_ptr<const tls::server_context> ctx) { impl_->tls = std::move(ctx); }
 
 void daemon::begin_drain() {
   auto& d = *impl_;

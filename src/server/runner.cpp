@@ -24,6 +24,7 @@
 #include "ingressd/server/daemon.hpp"
 #include "ingressd/topology/snapshot.hpp"
 #include "ingressd/topology/topology.hpp"
+#include "ingressd/tls/context.hpp"
 
 namespace ingressd::server {
 
@@ -155,14 +156,28 @@ int run(int argc, const char* const* argv) {
   }
   auto node = demo_node ? *demo_node : resolve_node_ip(*cfg);
 
+  // The certificate at start: unreadable, mismatched or expired is a configuration error.
+  std::shared_ptr<const tls::server_context> tls_ctx;
+  std::string tls_line;
+  if (cfg->tls.enabled()) {
+    auto loaded = tls::server_context::load(cfg->tls);
+    if (auto* err = std::get_if<std::string>(&loaded)) {
+      std::fprintf(stderr, "ingressd: %s\n", err->c_str());
+      return 2;
+    }
+    tls_ctx = std::get<std::shared_ptr<const tls::server_context>>(std::move(loaded));
+    tls_line = ", https " + cfg->tls.listen.to_string() + " (" + tls_ctx->describe() + ")";
+  }
+
   if (cl.check_config) {
-    std::printf("configuration OK: listen %s, admin %s, threads %u, node ip %s (%s), topology %s\n",
-                cfg->listen.to_string().c_str(), cfg->admin_listen.to_string().c_str(),
+    std::printf("configuration OK: listen %s, admin %s%s, threads %u, node ip %s (%s), topology %s\n",
+                cfg->listen.to_string().c_str(), cfg->admin_listen.to_string().c_str(), tls_line.c_str(),
                 cfg->effective_threads(), node.ip.c_str(), node.how.c_str(), source.c_str());
     return 0;
   }
 
   daemon d(cfg);
+  if (tls_ctx) d.set_tls(tls_ctx);
 
   asio::io_context main_ioc(1);
 
@@ -204,7 +219,8 @@ int run(int argc, const char* const* argv) {
   // SIGHUP: the command line is parsed again, so the file is re-read and the flags still override
   // it; the result is validated whole before anything changes (hardening I2).
   auto reload = [&] {
-    if (cl.demo || cfg->config_file.empty()) {
+    // Without a config file there is nothing to re-read but the certificate (flags name it).
+    if ((cl.demo || cfg->config_file.empty()) && !cfg->tls.enabled()) {
       spdlog::warn("SIGHUP: no --config file to reload");
       return;
     }
@@ -225,7 +241,7 @@ int run(int argc, const char* const* argv) {
     if (next->topology != cfg->topology || checks != cfg->health || next->access_log != cfg->access_log ||
         next->node_ip != cfg->node_ip)
       spdlog::warn("SIGHUP: topology, health, node_ip and access_log settings take effect on restart");
-    spdlog::info("SIGHUP: configuration reloaded from {}", next->config_file);
+    if (!next->config_file.empty()) spdlog::info("SIGHUP: configuration reloaded from {}", next->config_file);
   };
 
   // Installed before the listeners open: a signal that comes as soon as the port answers is
@@ -262,8 +278,9 @@ int run(int argc, const char* const* argv) {
     hp.port = port;
     return hp.to_string();
   };
-  spdlog::info("ingressd {} listening on {} (admin {}), {} threads, node ip {} ({}), topology {}",
+  spdlog::info("ingressd {} listening on {} (admin {}){}, {} threads, node ip {} ({}), topology {}",
                INGRESSD_VERSION, bound(cfg->listen, d.port()), bound(cfg->admin_listen, d.admin_port()),
+               tls_ctx ? ", https " + bound(cfg->tls.listen, d.tls_port()) : std::string(),
                cfg->effective_threads(), node.ip, node.how, source);
 
   topology::source_callbacks callbacks{

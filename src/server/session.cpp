@@ -33,18 +33,23 @@ namespace ingressd::server {
 namespace beast = boost::beast;
 using http::iequals;
 
-session::session(worker& w, client_socket sock)
+session::session(worker& w, client_socket sock, SSL_CTX* tls)
     : w_(w), cfg_(w.cfg_ptr()), sock_(std::move(sock)), timer_(w.ioc()) {
   error_code ec;
   auto ep = sock_.remote_endpoint(ec);
   if (!ec) peer_ = ep.address().to_string();
   sock_.set_option(tcp::no_delay(true), ec);
   w_.stats().active_connections.add();
+  if (tls) {
+    tls_ = std::make_unique<tls::stream>(sock_, tls);
+    w_.stats().tls_connections.add();
+  }
 }
 
 session::~session() {
   // Idle memory accounting lives with the worker; nothing else to release here.
   w_.stats().active_connections.sub();
+  if (tls_) w_.stats().tls_connections.sub();
   w_.shared().connections.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -89,6 +94,10 @@ void session::on_deadline() {
 
 void session::start_watch() {
   watch_ = watch::on;
+  if (tls_ && tls_->pending()) {
+    asio::post(w_.ioc(), [self = shared_from_this()] { self->on_watch({}); });
+    return;
+  }
   arm_watch();
 }
 
@@ -111,6 +120,28 @@ void session::on_watch(error_code ec) {
     for (;;) {
       if (buf_.size() >= cap) break;  // full: stop watching, the next request is complete or too large
       auto room = buf_.prepare(std::min<std::size_t>(1024, cap - buf_.size()));
+      if (tls_) {
+        // TLS: the bytes may be a record that carries no data (a key update, an alert): waiting
+        // on the socket again is right after want_read, since OpenSSL has taken what it holds.
+        std::size_t got = 0;
+        error_code e;
+        const auto r = tls_->read_now(room.data(), room.size(), got, e);
+        if (r == tls::stream::io::ok) {
+          buf_.commit(got);
+          continue;
+        }
+        if (r == tls::stream::io::want_read) {
+          arm_watch();
+          return;
+        }
+        if (r == tls::stream::io::want_write) {
+          sock_.async_wait(tcp::socket::wait_write,
+                           [self = shared_from_this()](error_code ec2) { self->on_watch(ec2); });
+          return;
+        }
+        gone = true;
+        break;
+      }
       const auto n = ::recv(sock_.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
       if (n > 0) {
         buf_.commit(static_cast<std::size_t>(n));
@@ -245,7 +276,7 @@ awaitable<error_code> session::read_body_some() {
     // As Beast sizes its reads: what the buffer has room for, 512 bytes to 64 KiB.
     const std::size_t room =
         std::min(cap - buf_.size(), std::clamp<std::size_t>(buf_.capacity() - buf_.size(), 512, 64 * 1024));
-    auto [ec, n] = co_await sock_.async_read_some(buf_.prepare(room), nothrow);
+    auto [ec, n] = co_await client([&](auto& s) { return s.async_read_some(buf_.prepare(room), nothrow); });
     if (ec == asio::error::eof) {
       parser_->put_eof(ec);  // an unfinished body: partial_message
       co_return ec;
@@ -307,7 +338,7 @@ void session::note_upstream_ok(const topology::endpoint& ep) {
 
 awaitable<bool> session::write_all(std::string_view data) {
   std::array<asio::const_buffer, 1> out{asio::buffer(data)};
-  co_return !(co_await send(sock_, out));
+  co_return !(co_await client([&](auto& s) { return send(s, out); }));
 }
 
 void session::choose_request_id() {
@@ -351,7 +382,55 @@ awaitable<session::outcome> session::respond_reason(reason r, bool close, std::s
 
 // ---------------------------------------------------------------------------------------------
 
-void session::start() { wait_idle(); }
+void session::start() {
+  if (!tls_) {
+    wait_idle();
+    return;
+  }
+  arm(cfg().tls.handshake_timeout, phase::handshake);
+  handshake_step();
+}
+
+void session::handshake_step() {
+  error_code ec;
+  switch (const auto r = tls_->handshake_now(ec)) {
+    case tls::stream::io::ok:
+      w_.stats().tls_handshakes.add();
+      if (tls_->resumed()) w_.stats().tls_resumed.add();
+      wait_idle();  // disarms the handshake deadline
+      return;
+    case tls::stream::io::want_read:
+    case tls::stream::io::want_write: {
+      const auto wait = r == tls::stream::io::want_write ? tcp::socket::wait_write : tcp::socket::wait_read;
+      sock_.async_wait(wait, [self = shared_from_this()](error_code e) {
+        if (!e && !self->aborted_) return self->handshake_step();
+        self->handshake_failed(self->timed_out(phase::handshake) ? tls::handshake_failure::timeout
+                                                                 : tls::handshake_failure::peer_closed);
+      });
+      return;
+    }
+    default:
+      handshake_failed(tls_->failure());
+  }
+}
+
+void session::handshake_failed(tls::handshake_failure why) {
+  if (aborted_) {
+    close_now();
+    return;
+  }
+  w_.stats().tls_failures[static_cast<std::size_t>(why)].add();
+  spdlog::debug("TLS handshake with {} failed: {}", peer_, tls::to_string(why));
+  if (why == tls::handshake_failure::http_request) {
+    // Plain HTTP on the HTTPS port: say so in plain HTTP, as nginx does, instead of a bare close
+    // the client cannot explain. One non-blocking send (the socket is fresh: it takes it).
+    static const std::string response = http::make_response(
+        400, "text/plain", "Bad Request: plain HTTP was sent to the HTTPS port (tls.listen)", true);
+    [[maybe_unused]] const auto n = ::send(sock_.native_handle(), response.data(), response.size(),
+                                           MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+  close_now();  // (no close_notify: the handshake did not finish)
+}
 
 void session::wait_idle() {
   // Idle between requests: no coroutine frame, no buffers, no request scratch (hardening H3) —
@@ -366,7 +445,16 @@ void session::wait_idle() {
   disarm();
   if (waits_ > 0) timer_.cancel();
   if (watch_ == watch::parked) return;  // the last request's watch is still waiting: it serves as this wait
-  sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) { self->on_idle_ready(ec); });
+  when_readable([self = shared_from_this()](error_code ec) { self->on_idle_ready(ec); });
+}
+
+template <class Handler>
+void session::when_readable(Handler&& h) {
+  if (tls_ && tls_->pending()) {
+    asio::post(w_.ioc(), [h = std::forward<Handler>(h)]() mutable { h(error_code{}); });
+    return;
+  }
+  sock_.async_wait(tcp::socket::wait_read, std::forward<Handler>(h));
 }
 
 void session::on_idle_ready(error_code ec) {
@@ -403,6 +491,7 @@ awaitable<void> session::serve() {
   }
   error_code ignored;
   if (!aborted_ && sock_.is_open()) {
+    if (tls_) tls_->shutdown_now();
     sock_.shutdown(tcp::socket::shutdown_send, ignored);
     if ((parser_ && !parser_->is_done()) || buf_.size() > 0) {
       // Lingering close (hardening C5): the client may still be sending a body we refused;
@@ -423,6 +512,7 @@ awaitable<void> session::serve() {
 
 void session::close_now() {
   error_code ignored;
+  if (tls_ && !aborted_ && sock_.is_open()) tls_->shutdown_now();
   if (!aborted_ && sock_.is_open()) sock_.shutdown(tcp::socket::shutdown_send, ignored);
   disarm();
   timer_.cancel();
@@ -458,7 +548,7 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
 
 bool session::head_now(http::bounded_buffer& in, error_code& ec) {
   // Readiness (or a pipelined request) brought us here, so the head is nearly always there.
-  return parse_now(sock_, in, in.max_size(), *parser_, false, ec);
+  return client([&](auto& s) { return parse_now(s, in, in.max_size(), *parser_, false, ec); });
 }
 
 std::string session::head_error_response(error_code ec) {
@@ -501,7 +591,9 @@ awaitable<session::outcome> session::serve_one() {
     // The raw head lands in rq_->head as Beast consumes it, for http::check_request_head below.
     http::bounded_buffer in(buf_, cfg.client.max_header_bytes, &rq_->head);
     error_code ec;
-    if (!head_now(in, ec)) std::tie(ec, std::ignore) = co_await bhttp::async_read_header(sock_, in, *parser_, nothrow);
+    if (!head_now(in, ec))
+      std::tie(ec, std::ignore) =
+          co_await client([&](auto& s) { return bhttp::async_read_header(s, in, *parser_, nothrow); });
     if (ec == bhttp::error::bad_method && skips < 8) {
       // Empty lines before the request line are ignored (RFC 9112 §2.2, hardening D12).
       if (auto skip = http::leading_empty_lines(http::pending(buf_)); skip > 0) {
@@ -518,6 +610,7 @@ awaitable<session::outcome> session::serve_one() {
     break;
   }
   w_.stats().requests.add();
+  if (tls_) w_.stats().tls_requests.add();
   choose_request_id();
   if (auto refusal = refuse_head()) co_return co_await respond(std::move(*refusal), true);
   const auto& req = parser_->get();

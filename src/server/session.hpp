@@ -48,9 +48,11 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   using watchdog_timer = asio::basic_waitable_timer<std::chrono::steady_clock,
                                                     asio::wait_traits<std::chrono::steady_clock>,
                                                     asio::io_context::executor_type>;
-  session(worker& w, client_socket sock);
+  /// `tls`: the HTTPS listener's context (the connection starts with a handshake), or null.
+  session(worker& w, client_socket sock, SSL_CTX* tls = nullptr);
   ~session();
-  /// Serves the connection until it closes: waits for the first request without a coroutine.
+  /// Serves the connection until it closes: waits for the first request without a coroutine
+  /// (after the TLS handshake, on the HTTPS listener).
   void start();
   /// Drain: closes the connection now if it is idle between requests, else after this response.
   void close_if_idle();
@@ -62,7 +64,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
  private:
   /// What the session waits for; a deadline that passes cancels the I/O of that phase.
   /// body_wait: router.body_wait, the longest wait for the body prefix the router is to see.
-  enum class phase : std::uint8_t { none, head, body, body_wait, connect, first_byte, stream };
+  enum class phase : std::uint8_t { none, handshake, head, body, body_wait, connect, first_byte, stream };
   using clock = std::chrono::steady_clock;
   // Beast's parsers, minus the field-length throw and trailer merging (http/parse_guards.hpp).
   using request_parser = http::guarded_parser<true, bhttp::buffer_body>;
@@ -72,6 +74,21 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// What a stage of a proxied request leaves it to do (see the top of this file).
   enum class step : std::uint8_t { next, again, done };
 
+  /// The TLS handshake, as plain handlers (an idle connection holds no coroutine frame): a step
+  /// that would block waits for readiness; tls.handshake_timeout bounds the whole.
+  void handshake_step();
+  void handshake_failed(tls::handshake_failure why);
+  /// Runs `f` on the client stream: the TLS stream on the HTTPS listener, else the socket. Both
+  /// read and write through the same calls (core/socket_io.hpp, tls/stream.hpp).
+  template <class F>
+  decltype(auto) client(F&& f) {
+    if (tls_) return f(*tls_);
+    return f(sock_);
+  }
+  /// Calls `h(error_code)` once the client has bytes to read: at once (posted) when TLS already
+  /// holds some that a wait on the socket would not see.
+  template <class Handler>
+  void when_readable(Handler&& h);
   /// Waits (a plain handler, no coroutine) until the idle connection is readable, then serve().
   void wait_idle();
   /// The idle wait's completion: serve the next request, or close (keep-alive timeout, drain).
@@ -282,6 +299,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   worker& w_;
   std::shared_ptr<const config::config> cfg_;  // of the current request (SIGHUP-safe)
   client_socket sock_;
+  std::unique_ptr<tls::stream> tls_;  // the HTTPS listener's connections only
   boost::beast::flat_buffer buf_;
   std::unique_ptr<request_parser> parser_;  // on the heap: an idle connection holds none
   watchdog_timer timer_;

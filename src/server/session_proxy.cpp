@@ -170,7 +170,7 @@ void session::build_request_head(const request_state& rs) {
   if (!have_host) http::append_field(head, "Host", rs.ep->key);
   for (const auto& [hn, hv] : rs.router_headers) http::append_field(head, hn, hv);
   http::append_field(head, "X-Forwarded-For", peer_);
-  http::append_field(head, "X-Forwarded-Proto", "http");
+  http::append_field(head, "X-Forwarded-Proto", tls_ ? "https" : "http");
   http::append_field(head, "X-Request-Id", rs.request_id);
   if (rs.has_body)
     http::append_field(head, rs.chunked_in ? "Transfer-Encoding" : "Content-Length",
@@ -373,9 +373,10 @@ awaitable<session::step> session::relay_response(request_state& rs) {
     arm(cfg.upstream.idle_timeout, phase::stream);
     auto pending = piece.buffers();
     error_code ec;
-    if (!write_now(sock_, pending, ec)) {
+    if (!client([&](auto& s) { return write_now(s, pending, ec); })) {
       move_out_of_window(pending, window, relay_buffer());
-      std::tie(ec, std::ignore) = co_await asio::async_write(sock_, pending, nothrow);
+      std::tie(ec, std::ignore) =
+          co_await client([&](auto& s) { return asio::async_write(s, pending, nothrow); });
     }
     if (ec) {
       // The client went away (or stalled past the idle timeout): close the upstream too.

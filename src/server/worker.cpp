@@ -41,26 +41,29 @@ worker::worker(unsigned index, std::shared_ptr<const config::config> cfg, shared
 worker::~worker() {
   // Sockets owned here must go before the io_context they belong to.
   acceptor_.reset();
+  tls_acceptor_.reset();
   pool_.close_all();
   pool_ = upstream::pool(0);
 }
 
-error_code worker::bind(const tcp::endpoint& ep, bool first) {
-  acceptor_.emplace(ioc_);
+error_code worker::bind(const tcp::endpoint& ep, bool first, bool tls) {
+  auto& acceptor = tls ? tls_acceptor_ : acceptor_;
+  auto& port = tls ? tls_port_ : port_;
+  acceptor.emplace(ioc_);
   error_code ec;
-  acceptor_->open(ep.protocol(), ec);
-  if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+  acceptor->open(ep.protocol(), ec);
+  if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
   // The first listener binds without SO_REUSEPORT: a socket may share a port only when every
   // socket bound to it has SO_REUSEPORT, so this bind fails with EADDRINUSE whenever another
   // process (a second ingressd included) holds the address, instead of quietly splitting its
   // traffic with it (contract §9). Set before listen(), the option still lets the other
   // workers' listeners join this one's group.
-  if (!ec && !first) acceptor_->set_option(reuse_port{}, ec);
-  if (!ec) acceptor_->bind(ep, ec);
-  if (!ec && first) acceptor_->set_option(reuse_port{}, ec);
-  if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
-  if (!ec) port_ = acceptor_->local_endpoint(ec).port();
-  if (ec) acceptor_.reset();
+  if (!ec && !first) acceptor->set_option(reuse_port{}, ec);
+  if (!ec) acceptor->bind(ep, ec);
+  if (!ec && first) acceptor->set_option(reuse_port{}, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) port = acceptor->local_endpoint(ec).port();
+  if (ec) acceptor.reset();
   return ec;
 }
 
@@ -73,7 +76,8 @@ void worker::run() {
       spdlog::error("worker task failed: {}", ex.what());
     }
   };
-  if (acceptor_) asio::co_spawn(ioc_, accept_loop(), log_error);
+  if (acceptor_) asio::co_spawn(ioc_, accept_loop(*acceptor_, false), log_error);
+  if (tls_acceptor_) asio::co_spawn(ioc_, accept_loop(*tls_acceptor_, true), log_error);
   asio::co_spawn(ioc_, sweep_loop(), log_error);
   asio::co_spawn(ioc_, idle_loop(), log_error);
   event_loop();
@@ -106,13 +110,13 @@ bool accept_starved(const error_code& ec) {
          ec == asio::error::no_memory;
 }
 
-awaitable<void> worker::accept_loop() {
+awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, bool tls) {
   asio::steady_timer backoff_timer(ioc_);
-  registration<asio::steady_timer> reg(accept_timer_, backoff_timer);
+  registration<asio::steady_timer> reg(accept_timers_[tls ? 1 : 0], backoff_timer);
   accept_backoff backoff;
-  while (acceptor_ && acceptor_->is_open()) {
-    auto [ec, sock] = co_await acceptor_->async_accept(ioc_, nothrow);  // typed executor: see session.hpp
-    if (stopping_ || !acceptor_->is_open()) break;
+  while (acceptor.is_open()) {
+    auto [ec, sock] = co_await acceptor.async_accept(ioc_, nothrow);  // typed executor: see session.hpp
+    if (stopping_ || !acceptor.is_open()) break;
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
       // Out of descriptors or memory: pause instead of spinning on a ready listener (hardening H1).
@@ -134,7 +138,7 @@ awaitable<void> worker::accept_loop() {
       sock.close(ignored);
       continue;
     }
-    auto s = std::make_shared<session>(*this, std::move(sock));
+    auto s = std::make_shared<session>(*this, std::move(sock), tls ? tls_ctx_->native() : nullptr);
     add_session(*s);
     s->start();
   }
@@ -312,11 +316,11 @@ std::array<char, 36> worker::next_request_id() {
 }
 
 void worker::stop_accepting() {
-  if (acceptor_) {
-    error_code ignored;
-    acceptor_->close(ignored);
-  }
-  if (accept_timer_) accept_timer_->cancel();
+  error_code ignored;
+  if (acceptor_) acceptor_->close(ignored);
+  if (tls_acceptor_) tls_acceptor_->close(ignored);
+  for (auto* t : accept_timers_)
+    if (t) t->cancel();
 }
 
 void worker::close_idle() {

@@ -26,6 +26,8 @@
 #include "ingressd/routing/hedge.hpp"
 #include "ingressd/routing/router_memory.hpp"
 #include "ingressd/routing/router_pool.hpp"
+#include "ingressd/tls/context.hpp"
+#include "ingressd/tls/stream.hpp"
 #include "ingressd/topology/snapshot.hpp"
 #include "ingressd/upstream/pool.hpp"
 
@@ -41,6 +43,8 @@ struct shared_state {
   std::atomic<std::uint64_t> config_errors{0};     ///< ingressd_config_reload_errors_total
   std::atomic<std::uint64_t> config_generations{0};  ///< ingressd_config_generations (daemon::impl::track)
   std::atomic<std::uint64_t> accept_errors{0};     ///< ingressd_accept_errors_total (main and admin listeners)
+  /// The HTTPS listener's certificate in force: its notAfter in Unix seconds (0: no TLS).
+  std::atomic<std::int64_t> tls_not_after{0};
   /// ingressd_topology_last_success_timestamp_seconds, in Unix ms: -1 while there is no source
   /// that polls (--demo), 0 until the source's first confirmation.
   std::atomic<std::int64_t> topology_current_ms{-1};
@@ -81,6 +85,13 @@ struct worker_stats {
   counter requests;
   counter active_connections;
   counter active_streams;
+  // The HTTPS listener (tls.listen): requests whose head was read over TLS, open TLS
+  // connections, handshakes done (and how many resumed a session), and failed ones by reason.
+  counter tls_requests;
+  counter tls_connections;
+  counter tls_handshakes;
+  counter tls_resumed;
+  std::array<counter, tls::handshake_failure_count> tls_failures;
 };
 
 /// Per-app state of a worker, rebuilt on each topology change. (Replica loads and health are
@@ -112,8 +123,13 @@ class worker {
 
   /// Opens this worker's listener on `ep`, in one SO_REUSEPORT group with the other workers'.
   /// `first`: the first worker's bind, which fails when another process holds the address.
-  error_code bind(const tcp::endpoint& ep, bool first);
+  /// `tls`: the HTTPS listener (tls.listen) instead of the plain one.
+  error_code bind(const tcp::endpoint& ep, bool first, bool tls = false);
   std::uint16_t port() const { return port_; }
+  std::uint16_t tls_port() const { return tls_port_; }
+  /// The HTTPS listener's certificate for handshakes from now on (start, SIGHUP); connections
+  /// keep the one they were made with.
+  void set_tls(std::shared_ptr<const tls::server_context> ctx) { tls_ctx_ = std::move(ctx); }
   /// Thread body: accepts and serves until stopped.
   void run();
 
@@ -175,7 +191,7 @@ class worker {
 
  private:
   void event_loop();  // run(), with busy_poll_us spinning
-  awaitable<void> accept_loop();
+  awaitable<void> accept_loop(tcp::acceptor& acceptor, bool tls);
   awaitable<void> sweep_loop();
   awaitable<void> idle_loop();
 
@@ -184,6 +200,9 @@ class worker {
   shared_state& shared_;
   std::optional<tcp::acceptor> acceptor_;
   std::uint16_t port_ = 0;
+  std::optional<tcp::acceptor> tls_acceptor_;
+  std::uint16_t tls_port_ = 0;
+  std::shared_ptr<const tls::server_context> tls_ctx_;
   std::shared_ptr<const topology::snapshot> snap_;
   std::vector<app_state> apps_;
   std::unique_ptr<unsigned char[]> relay_window_ = std::make_unique<unsigned char[]>(relay_size);
@@ -197,7 +216,8 @@ class worker {
   std::uint64_t peak_connections_ = 0;  // for returning memory after a burst (sweep_loop)
   asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop
   asio::steady_timer* idle_timer_ = nullptr;   // lives in idle_loop's frame; cancelled on stop
-  asio::steady_timer* accept_timer_ = nullptr;  // accept back-off, in accept_loop's frame; cancelled on stop
+  // Accept back-offs, in the accept loops' frames (plain, TLS); cancelled on stop.
+  std::array<asio::steady_timer*, 2> accept_timers_{};
   boost::intrusive::list<session, boost::intrusive::base_hook<session_hook>,
                          boost::intrusive::constant_time_size<false>> sessions_;
   // Declared last so it is destroyed first: session coroutines still pending at destruction are

@@ -202,6 +202,14 @@ health:
 drain:
   min_period: 5s
   timeout: 1h
+tls:
+  listen: 127.0.0.1:8443
+  cert_file: /etc/ingressd/tls/cert.pem
+  key_file: /etc/ingressd/tls/key.pem
+  min_version: "1.3"
+  ciphers: ECDHE-RSA-AES128-GCM-SHA256
+  ciphersuites: TLS_AES_128_GCM_SHA256
+  handshake_timeout: 3s
 )";
 
 TEST(ConfigYaml, EveryKeyIsParsed) {
@@ -256,6 +264,15 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
 
   EXPECT_EQ(cfg.drain.min_period, 5s);
   EXPECT_EQ(cfg.drain.timeout, 1h);
+
+  EXPECT_EQ(cfg.tls.listen, (host_port{"127.0.0.1", 8443}));
+  EXPECT_TRUE(cfg.tls.enabled());
+  EXPECT_EQ(cfg.tls.cert_file, "/etc/ingressd/tls/cert.pem");
+  EXPECT_EQ(cfg.tls.key_file, "/etc/ingressd/tls/key.pem");
+  EXPECT_EQ(cfg.tls.min_version, "1.3");
+  EXPECT_EQ(cfg.tls.ciphers, "ECDHE-RSA-AES128-GCM-SHA256");
+  EXPECT_EQ(cfg.tls.ciphersuites, "TLS_AES_128_GCM_SHA256");
+  EXPECT_EQ(cfg.tls.handshake_timeout, 3s);
 }
 
 TEST(ConfigYaml, EveryKeyTestCoversEveryKnownKey) {
@@ -264,7 +281,7 @@ TEST(ConfigYaml, EveryKeyTestCoversEveryKnownKey) {
 }
 
 TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
-  // busy_poll_us is the one key beyond the contract (docs/configuration.md, `busy_poll_us`).
+  // busy_poll_us and tls.handshake_timeout are the keys beyond the contract (docs/configuration.md).
   const std::set<std::string> contract{
       "listen", "admin_listen", "threads", "busy_poll_us", "node_ip", "root_path", "log_level", "access_log",
       "topology.file", "topology.ray_dashboard", "topology.url", "topology.poll_interval",
@@ -276,7 +293,8 @@ TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
       "client.body_timeout", "client.keepalive_timeout", "client.max_header_bytes",
       "client.max_body_bytes", "client.max_connections", "health.path", "health.interval",
       "health.fast_interval", "health.fall", "health.rise", "health.timeout", "health.error_limit",
-      "drain.min_period", "drain.timeout"};
+      "drain.min_period", "drain.timeout", "tls.listen", "tls.cert_file", "tls.key_file", "tls.min_version",
+      "tls.ciphers", "tls.ciphersuites", "tls.handshake_timeout"};
   EXPECT_EQ(known_key_set(), contract);
 }
 
@@ -396,6 +414,11 @@ INSTANTIATE_TEST_SUITE_P(
     ConfigEveryKey, ConfigYamlBadValue,
     ::testing::Values(
         bad_value{"listen: 8000", "t.yaml:1: listen: ", "expected HOST:PORT"},
+        bad_value{"tls:\n  listen: 8443", "t.yaml:2: tls.listen: ", "expected HOST:PORT"},
+        bad_value{"tls:\n  min_version: \"1.1\"", "t.yaml:2: tls.min_version: ", "expected \"1.2\" or \"1.3\""},
+        bad_value{"tls:\n  ciphers: ''", "t.yaml:2: tls.ciphers: ", "must not be empty"},
+        bad_value{"tls:\n  ciphersuites: ''", "t.yaml:2: tls.ciphersuites: ", "must not be empty"},
+        bad_value{"tls:\n  handshake_timeout: 0s", "t.yaml:2: tls.handshake_timeout: ", "greater than 0"},
         bad_value{"listen: ::1:8000", "t.yaml:1: listen: ", "[::1]:8000"},
         bad_value{"admin_listen: localhost", "t.yaml:1: admin_listen: ", "expected HOST:PORT"},
         bad_value{"threads: x", "t.yaml:1: threads: ", "expected a whole number, got 'x'"},
@@ -588,8 +611,12 @@ std::string parse_error(std::vector<std::string> args) {
 TEST(ConfigCli, EveryValueFlagSetsItsField) {
   const auto cl = parse_ok({"--listen", "127.0.0.1:8001", "--admin-listen", "[::1]:9102", "--node-ip",
                             "10.1.2.3", "--topology-file", "/t.json", "--threads", "7", "--log-level", "warn",
-                            "--access-log", "-"});
+                            "--access-log", "-", "--tls-listen", "127.0.0.1:8443", "--tls-cert", "/c.pem",
+                            "--tls-key", "/k.pem"});
   EXPECT_EQ(cl.cfg.listen, (host_port{"127.0.0.1", 8001}));
+  EXPECT_EQ(cl.cfg.tls.listen, (host_port{"127.0.0.1", 8443}));
+  EXPECT_EQ(cl.cfg.tls.cert_file, "/c.pem");
+  EXPECT_EQ(cl.cfg.tls.key_file, "/k.pem");
   EXPECT_EQ(cl.cfg.admin_listen, (host_port{"::1", 9102}));
   EXPECT_EQ(cl.cfg.node_ip, "10.1.2.3");
   EXPECT_EQ(cl.cfg.topology.file, "/t.json");
@@ -803,6 +830,34 @@ TEST(ConfigValidate, ListenersMustNotCollide) {
   cfg.listen = {"127.0.0.1", 0};
   cfg.admin_listen = {"127.0.0.1", 0};
   EXPECT_EQ(validate(cfg, false), std::nullopt);
+}
+
+TEST(ConfigValidate, TlsListenerNeedsCertificateAndKeyAndItsOwnAddress) {
+  auto cfg = with_source();
+  EXPECT_FALSE(cfg.tls.enabled());  // off by default
+  cfg.tls.listen = {"127.0.0.1", 8443};
+  auto err = validate(cfg, false);
+  ASSERT_TRUE(err);
+  EXPECT_TRUE(contains(err->message, "needs tls.cert_file and tls.key_file"));
+  cfg.tls.cert_file = "/c.pem";
+  EXPECT_TRUE(validate(cfg, false));
+  cfg.tls.key_file = "/k.pem";
+  EXPECT_EQ(validate(cfg, false), std::nullopt);
+  cfg.tls.listen = {"0.0.0.0", cfg.listen.port};
+  err = validate(cfg, false);
+  ASSERT_TRUE(err);
+  EXPECT_TRUE(contains(err->message, "tls.listen (0.0.0.0:8000) and listen"));
+  cfg.tls.listen = cfg.admin_listen;
+  err = validate(cfg, false);
+  ASSERT_TRUE(err);
+  EXPECT_TRUE(contains(err->message, "and admin_listen"));
+  // A certificate without a listener would be ignored silently.
+  cfg.tls.listen = {};
+  err = validate(cfg, false);
+  ASSERT_TRUE(err);
+  EXPECT_TRUE(contains(err->message, "tls.listen is not"));
+  // "" in a file switches it off again.
+  EXPECT_FALSE(load_ok("tls:\n  listen: ''\n").tls.enabled());
 }
 
 TEST(ConfigValidate, ForwardBodyNeedsABodyLimit) {

@@ -105,6 +105,28 @@ struct drain_settings {
   bool operator==(const drain_settings&) const = default;
 };
 
+/// TLS termination (contract §9): an HTTPS listener beside the plain one, same request path.
+/// Certificate and key are read at start, with --check-config and on SIGHUP (tls/context.hpp).
+struct tls_settings {
+  /// tls.listen / --tls-listen: the HTTPS listener's address; unset (empty host) = no TLS.
+  host_port listen{};
+  std::string cert_file;  ///< tls.cert_file / --tls-cert: PEM certificate, its chain after it
+  std::string key_file;   ///< tls.key_file / --tls-key: PEM private key of that certificate
+  std::string min_version = "1.2";  ///< tls.min_version: "1.2" or "1.3"
+  /// tls.ciphers: OpenSSL cipher list for TLS 1.2 (forward-secret AEAD suites only, as Mozilla's
+  /// "intermediate" profile; there are no DH parameters, so no DHE).
+  std::string ciphers =
+      "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+      "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
+  /// tls.ciphersuites: TLS 1.3 suites (OpenSSL's default set).
+  std::string ciphersuites = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+  /// tls.handshake_timeout: accept -> handshake done (an extension beyond the contract: a client
+  /// that never finishes its handshake must not hold a connection).
+  duration handshake_timeout = 10s;
+  bool enabled() const { return !listen.host.empty(); }
+  bool operator==(const tls_settings&) const = default;
+};
+
 struct config {
   std::string config_file;                       ///< --config (not a YAML key)
   host_port listen{"0.0.0.0", 8000};             ///< listen / --listen
@@ -124,6 +146,7 @@ struct config {
   client_settings client;
   health_settings health;
   drain_settings drain;
+  tls_settings tls;
   bool operator==(const config&) const = default;
 
   /// threads with 0 resolved to the number of CPUs.

@@ -55,6 +55,13 @@ bool write_now(Socket& s, std::span<asio::const_buffer>& bufs, error_code& ec) {
   return bufs.empty();
 }
 
+/// What the socket holds now, without waiting: >0 bytes, 0 at EOF, -1 when nothing is there yet or
+/// on an error. (tls::recv_now is the same for a TLS stream; calls find either by argument type.)
+template <class Socket>
+std::ptrdiff_t recv_now(Socket& s, void* p, std::size_t n) {
+  return ::recv(s.native_handle(), p, n, MSG_DONTWAIT);
+}
+
 /// write_now, then async_write for whatever the socket did not take at once.
 template <class Socket>
 awaitable<error_code> send(Socket& s, std::span<asio::const_buffer> bufs) {
@@ -85,7 +92,7 @@ bool parse_now(Socket& s, Buffer& buf, std::size_t cap, Parser& p, bool whole, e
   if (buf.size() == 0) {
     const std::size_t want = std::min(std::max<std::size_t>(512, buf.capacity()), cap);
     auto room = buf.prepare(want);
-    const auto n = ::recv(s.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
+    const auto n = recv_now(s, room.data(), room.size());
     if (n <= 0) return false;
     buf.commit(static_cast<std::size_t>(n));
   }

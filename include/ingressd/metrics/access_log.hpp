@@ -9,6 +9,7 @@
 // Fields (always present, in this order; null when not applicable):
 //   time            request start (head started arriving), UTC, RFC 3339 with milliseconds
 //   client          client IP address
+//   listener        "http" (listen) or "https" (tls.listen): the listener that served the request
 //   method, path    request method and path (without the query string)
 //   app             matched app name ("" when none)
 //   status          status sent to the client; 499 when the client left before any response,
@@ -50,6 +51,7 @@ std::string_view to_string(termination t) noexcept;
 struct access_entry {
   std::chrono::system_clock::time_point time;
   std::string_view client;
+  std::string_view listener = "http";
   std::string_view method;
   std::string_view path;
   std::string_view app;

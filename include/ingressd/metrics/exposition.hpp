@@ -33,6 +33,17 @@ struct scrape_input {
   std::uint64_t config_generations = 0;  ///< ingressd_config_generations
   std::uint64_t accept_errors = 0;       ///< ingressd_accept_errors_total
   std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
+  /// The HTTPS listener (tls.listen); nullopt without one.
+  struct tls_input {
+    std::uint64_t requests = 0;     ///< requests_received that came over TLS
+    std::uint64_t connections = 0;  ///< ingressd_tls_connections
+    std::uint64_t handshakes = 0;   ///< ingressd_tls_handshakes_total (all: full + resumed)
+    std::uint64_t resumed = 0;
+    /// ingressd_tls_handshake_failures_total by reason (tls::handshake_failure's names)
+    std::vector<std::pair<std::string_view, std::uint64_t>> failures;
+    std::int64_t not_after = 0;     ///< ingressd_tls_certificate_expiry_timestamp_seconds
+  };
+  std::optional<tls_input> tls;
   /// The process_* families (descriptors, memory, CPU); nullopt leaves them out.
   std::optional<process_stats> process;
 };

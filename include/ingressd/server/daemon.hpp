@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "ingressd/config/config.hpp"
+#include "ingressd/tls/context.hpp"
 #include "ingressd/topology/snapshot.hpp"
 
 namespace ingressd::server {
@@ -24,7 +25,10 @@ class daemon {
   daemon(const daemon&) = delete;
   daemon& operator=(const daemon&) = delete;
 
-  /// Binds the main and admin listeners and starts all threads. Throws std::runtime_error, its
+  /// The HTTPS listener's certificate, already loaded (the runner checks it first, to exit 2 on a
+  /// bad one); without it start() loads tls.cert_file and tls.key_file itself.
+  void set_tls(std::shared_ptr<const tls::server_context> ctx);
+  /// Binds the main and admin listeners (and tls.listen) and starts all threads. Throws std::runtime_error, its
   /// message naming the address and its setting, when a listener cannot be opened (also when
   /// another process holds the address): a startup failure, exit code 1.
   void start();
@@ -41,7 +45,10 @@ class daemon {
   void on_passive_down(std::function<void(const std::string& key)> f);
   /// SIGHUP (contract §2): applies a validated config to new requests; requests already running
   /// keep theirs. Listeners keep their sockets. Returns an error message, and changes nothing,
-  /// when the new config changes what needs a restart (listen, admin_listen, threads).
+  /// when the new config changes what needs a restart (listen, admin_listen, tls.listen, threads),
+  /// or when its certificate and key cannot be loaded (the running ones stay). With TLS, the
+  /// certificate and key are read again whether or not the config changed: new handshakes use
+  /// them, open connections keep theirs.
   std::optional<std::string> reload(std::shared_ptr<const config::config> next);
   /// Counts a config file rejected on SIGHUP (ingressd_config_reload_errors_total).
   void count_config_error();
@@ -65,6 +72,7 @@ class daemon {
   /// The bound ports (useful with port 0).
   std::uint16_t port() const;
   std::uint16_t admin_port() const;
+  std::uint16_t tls_port() const;  ///< 0 without tls.listen
 
   /// SIGTERM: starts the drain of contract §7 and returns at once. `wait()` returns when done.
   void begin_drain();
