@@ -1,5 +1,6 @@
 #include "ingressd/server/daemon.hpp"
 
+#include <csignal>
 #include <pthread.h>
 
 #include <future>
@@ -176,6 +177,10 @@ void daemon::start() {
   }
   d.port = ep.port();
   if (d.cfg->tls.enabled()) {
+    // OpenSSL writes the client sockets with write(), not send(MSG_NOSIGNAL) as ingressd's own
+    // writes do: a client that resets the connection while an alert or a record goes out must
+    // not kill the process with SIGPIPE (nginx and HAProxy ignore it too).
+    std::signal(SIGPIPE, SIG_IGN);
     if (!d.tls) {
       auto loaded = tls::server_context::load(d.cfg->tls);
       if (auto* err = std::get_if<std::string>(&loaded)) throw std::runtime_error(*err);

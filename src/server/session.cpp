@@ -41,6 +41,9 @@ session::session(worker& w, client_socket sock, SSL_CTX* tls)
   sock_.set_option(tcp::no_delay(true), ec);
   w_.stats().active_connections.add();
   if (tls) {
+    // OpenSSL reads and writes the descriptor itself: it must never block the worker (Asio makes
+    // a socket non-blocking only once it runs an operation on it).
+    sock_.non_blocking(true, ec);
     tls_ = std::make_unique<tls::stream>(sock_, tls);
     w_.stats().tls_connections.add();
   }

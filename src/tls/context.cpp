@@ -63,14 +63,13 @@ class ticket_ring {
     rotate_if_due();
     return keys_[0];
   }
-  /// The key named `name`, and whether it is the current one; false when none is.
-  bool find(const unsigned char* name, ticket_key& out, bool& is_current) {
+  /// The key named `name` (current or previous); false when none is.
+  bool find(const unsigned char* name, ticket_key& out) {
     std::lock_guard lock(mu_);
     rotate_if_due();
     for (std::size_t i = 0; i < count_; ++i) {
       if (std::memcmp(keys_[i].name.data(), name, keys_[i].name.size()) == 0) {
         out = keys_[i];
-        is_current = i == 0;
         return true;
       }
     }
@@ -103,16 +102,15 @@ ticket_ring& ring() {
 }
 
 /// OpenSSL's ticket callback (SSL_CTX_set_tlsext_ticket_key_evp_cb): 1 = use this key, 2 = it
-/// decrypted, but issue a new ticket under the current key, 0 = unknown key (full handshake).
+/// decrypted, and issue a new ticket under the current key, 0 = unknown key (full handshake).
 int ticket_callback(SSL*, unsigned char* name, unsigned char* iv, EVP_CIPHER_CTX* cipher, EVP_MAC_CTX* mac,
                     int encrypt) {
   ticket_key k;
-  bool is_current = true;
   if (encrypt == 1) {
     k = ring().current();
     if (RAND_bytes(iv, 16) != 1) return -1;
     std::memcpy(name, k.name.data(), k.name.size());
-  } else if (!ring().find(name, k, is_current)) {
+  } else if (!ring().find(name, k)) {
     return 0;
   }
   OSSL_PARAM params[] = {
@@ -124,7 +122,10 @@ int ticket_callback(SSL*, unsigned char* name, unsigned char* iv, EVP_CIPHER_CTX
   const int ok = encrypt == 1 ? EVP_EncryptInit_ex(cipher, EVP_aes_256_cbc(), nullptr, k.aes.data(), iv)
                               : EVP_DecryptInit_ex(cipher, EVP_aes_256_cbc(), nullptr, k.aes.data(), iv);
   if (ok != 1) return -1;
-  return is_current ? 1 : 2;
+  // Decrypted: always issue a fresh ticket (2), not only under a newer key. TLS 1.3 tickets are
+  // for one use (RFC 8446 C.4) and OpenSSL sends none after a resumption unless asked, so a
+  // client would resume once and then fall back to full handshakes.
+  return encrypt == 1 ? 1 : 2;
 }
 
 /// ALPN: http/1.1 when the client offers it (h2 belongs to the gRPC listener). No overlap is not

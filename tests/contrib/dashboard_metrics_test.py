@@ -15,9 +15,11 @@ in a by/without/on/ignoring list belongs to one of the expression's metrics. Als
 dashboard's own shape (data source variable, a node variable every panel query filters by,
 unique ids, a description per panel, a non-overlapping grid), that every recording rule is used,
 and that docs/operations.md describes every panel by its title."""
+import http.client
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -132,7 +134,23 @@ def main():
         topology_file = os.path.join(tmp, "topology.json")
         with open(topology_file, "w", encoding="utf-8") as f:
             json.dump(kit.ray_topology(cluster.topology()), f)
-        with kit.FileDaemon(binary, topology_file) as proxy:
+        # With an HTTPS listener too, so that the ingressd_tls_* families are exported, and one
+        # request over it from Python's own TLS client.
+        cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                        "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+        with kit.FileDaemon(binary, topology_file, "--tls-listen", "127.0.0.1:0", "--tls-cert", cert,
+                            "--tls-key", key) as proxy:
+            https_port = re.search(r", https 127\.0\.0\.1:(\d+)", proxy.output())
+            if not https_port:
+                raise SystemExit(f"FAIL: no https port in the startup line: {proxy.output()}")
+            conn = http.client.HTTPSConnection("127.0.0.1", int(https_port.group(1)), timeout=10,
+                                               context=ssl.create_default_context(cafile=cert))
+            conn.request("GET", "/v1/models")
+            if conn.getresponse().status != 200:
+                raise SystemExit(f"FAIL: GET /v1/models over TLS did not answer 200\n{proxy.output()}")
+            conn.close()
             # The router path (a POST, streamed and not), the plain path and the echo app.
             for body in ('{"stream":false}', '{"stream":true}'):
                 status, _ = proxy.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})

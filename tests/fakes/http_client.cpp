@@ -2,7 +2,11 @@
 
 #include <algorithm>
 
+#include <openssl/ssl.h>
+
 #include <boost/asio/connect.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/ssl/impl/src.hpp>  // Asio's SSL, compiled here (BOOST_ASIO_SEPARATE_COMPILATION)
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
@@ -79,6 +83,9 @@ bool http_response::keep_alive() const {
 struct connection::state {
   asio::io_context ioc{1};
   tcp::socket socket{ioc};
+  // The HTTPS client (open_tls): its context and the TLS stream over `socket`.
+  std::unique_ptr<asio::ssl::context> tls_ctx;
+  std::unique_ptr<asio::ssl::stream<tcp::socket&>> tls;
   beast::flat_buffer buffer;
   std::string error;
   bool connected = false;
@@ -106,11 +113,16 @@ struct connection::state {
       return r;
     }
     bool done = false;
-    socket.async_read_some(buffer.prepare(read_chunk), [&](error_code ec, std::size_t n) {
+    auto on_read = [&](error_code ec, std::size_t n) {
       r.ec = ec;
       r.n = n;
       done = true;
-    });
+    };
+    if (tls) {
+      tls->async_read_some(buffer.prepare(read_chunk), on_read);
+    } else {
+      socket.async_read_some(buffer.prepare(read_chunk), on_read);
+    }
     const bool in_time = run_until(done, deadline);
     buffer.commit(r.n);
     if (!in_time && r.ec == asio::error::operation_aborted) {
@@ -118,6 +130,8 @@ struct connection::state {
       r.ec = {};
       return r;
     }
+    // A TLS peer that closes without close_notify is an EOF to an HTTP client too.
+    if (r.ec == asio::ssl::error::stream_truncated) r.ec = asio::error::eof;
     if (r.ec) read_end = r.ec;
     return r;
   }
@@ -157,6 +171,80 @@ connection connection::open(const std::string& host, std::uint16_t port, clock::
   return connection(std::move(s));
 }
 
+connection connection::open_tls(const std::string& host, std::uint16_t port, const tls_options& options,
+                                clock::duration timeout) {
+  const auto deadline = clock::now() + timeout;
+  auto c = open(host, port, timeout);
+  if (!c.connected()) return c;
+  auto& s = *c.s_;
+  s.connected = false;
+  s.tls_ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_client);
+  SSL_CTX* ctx = s.tls_ctx->native_handle();
+  if (!options.ca_file.empty()) {
+    s.tls_ctx->load_verify_file(options.ca_file);
+    s.tls_ctx->set_verify_mode(asio::ssl::verify_peer);
+  }
+  auto version = [](const std::string& v) { return v == "1.1" ? TLS1_1_VERSION : v == "1.2" ? TLS1_2_VERSION : TLS1_3_VERSION; };
+  if (!options.max_version.empty()) SSL_CTX_set_max_proto_version(ctx, version(options.max_version));
+  if (!options.min_version.empty()) {
+    SSL_CTX_set_security_level(ctx, 0);  // TLS 1.1 needs it: OpenSSL 3's default policy refuses it
+    SSL_CTX_set_min_proto_version(ctx, version(options.min_version));
+  }
+  if (!options.ciphers.empty()) SSL_CTX_set_cipher_list(ctx, options.ciphers.c_str());
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT);
+  s.tls = std::make_unique<asio::ssl::stream<tcp::socket&>>(s.socket, *s.tls_ctx);
+  SSL* ssl = s.tls->native_handle();
+  SSL_set_tlsext_host_name(ssl, options.server_name.c_str());
+  if (!options.ca_file.empty()) SSL_set1_host(ssl, options.server_name.c_str());
+  if (!options.alpn.empty()) {
+    std::string wire;
+    for (const auto& p : options.alpn) wire += static_cast<char>(p.size()) + p;
+    SSL_set_alpn_protos(ssl, reinterpret_cast<const unsigned char*>(wire.data()), static_cast<unsigned>(wire.size()));
+  }
+  if (options.session) SSL_set_session(ssl, static_cast<SSL_SESSION*>(options.session.get()));
+  bool done = false;
+  error_code ec;
+  s.tls->async_handshake(asio::ssl::stream_base::client, [&](error_code e) {
+    ec = e;
+    done = true;
+  });
+  if (!s.run_until(done, deadline)) {
+    s.error = "handshake: timeout";
+    return c;
+  }
+  if (ec) {
+    s.error = "handshake: " + ec.message();
+    return c;
+  }
+  s.connected = true;
+  return c;
+}
+
+void* connection::tls_native() const { return s_->tls ? s_->tls->native_handle() : nullptr; }
+
+bool connection::tls_resumed() const { return s_->tls && SSL_session_reused(s_->tls->native_handle()) == 1; }
+
+std::string connection::tls_alpn() const {
+  if (!s_->tls) return {};
+  const unsigned char* p = nullptr;
+  unsigned n = 0;
+  SSL_get0_alpn_selected(s_->tls->native_handle(), &p, &n);
+  return p ? std::string(reinterpret_cast<const char*>(p), n) : std::string();
+}
+
+std::string connection::tls_version() const { return s_->tls ? SSL_get_version(s_->tls->native_handle()) : ""; }
+
+std::shared_ptr<void> connection::tls_session() const {
+  if (!s_->tls) return nullptr;
+  // A copy: OpenSSL marks a connection's own session not resumable when the connection ends
+  // without close_notify, as these test connections do.
+  SSL_SESSION* session = SSL_get0_session(s_->tls->native_handle());
+  if (!session || !SSL_SESSION_is_resumable(session)) return nullptr;
+  session = SSL_SESSION_dup(session);
+  if (!session) return nullptr;
+  return std::shared_ptr<void>(session, [](void* p) { SSL_SESSION_free(static_cast<SSL_SESSION*>(p)); });
+}
+
 bool connection::connected() const { return s_ && s_->connected; }
 
 const std::string& connection::error() const { return s_->error; }
@@ -172,10 +260,15 @@ bool connection::write(std::string_view bytes, clock::duration timeout) {
   if (!connected()) return false;
   bool done = false;
   error_code ec;
-  asio::async_write(s_->socket, asio::buffer(bytes.data(), bytes.size()), [&](error_code e, std::size_t) {
+  auto on_write = [&](error_code e, std::size_t) {
     ec = e;
     done = true;
-  });
+  };
+  if (s_->tls) {
+    asio::async_write(*s_->tls, asio::buffer(bytes.data(), bytes.size()), on_write);
+  } else {
+    asio::async_write(s_->socket, asio::buffer(bytes.data(), bytes.size()), on_write);
+  }
   if (!s_->run_until(done, clock::now() + timeout)) {
     s_->error = "write: timeout";
     return false;
@@ -319,6 +412,13 @@ bool connection::is_closed(clock::duration timeout) {
     if (r.timed_out) return false;
     if (r.ec) return true;
   }
+}
+
+bool connection::write_raw(std::string_view bytes) {
+  error_code ec;
+  asio::write(s_->socket, asio::buffer(bytes.data(), bytes.size()), ec);
+  if (ec) s_->error = "write: " + ec.message();
+  return !ec;
 }
 
 void connection::shutdown_write() {

@@ -60,12 +60,35 @@ struct raw_read {
   bool timed_out = false;
 };
 
+/// A TLS client's settings (connection::open_tls), as a real HTTPS client would have them.
+struct tls_options {
+  std::string ca_file;                    ///< verify the server's certificate against this PEM ("" = no check)
+  std::string server_name = "localhost";  ///< SNI, and the name the certificate must carry
+  std::vector<std::string> alpn;          ///< protocols offered ("" none)
+  std::string max_version;                ///< "1.2" caps the client at TLS 1.2 ("" = 1.3)
+  std::string min_version;                ///< "1.1" lets the client offer TLS 1.1 (if OpenSSL's policy lets it)
+  std::string ciphers;                    ///< TLS 1.2 cipher list ("" = OpenSSL's)
+  std::shared_ptr<void> session;          ///< a session from tls_session() to resume
+};
+
 /// One client connection, driven synchronously. Each call runs its own deadline; nothing blocks
 /// longer than the timeout it was given.
 class connection {
  public:
   /// Connects within `timeout`; check connected() / error().
   static connection open(const std::string& host, std::uint16_t port, clock::duration timeout = std::chrono::seconds(5));
+  /// Connects and completes a TLS handshake within `timeout`; reads and writes then go through
+  /// TLS. A failed handshake leaves connected() false and error() "handshake: ...".
+  static connection open_tls(const std::string& host, std::uint16_t port, const tls_options& options = {},
+                             clock::duration timeout = std::chrono::seconds(5));
+  bool tls_resumed() const;          ///< the handshake resumed options.session
+  std::string tls_alpn() const;      ///< the protocol the server chose ("" none)
+  std::string tls_version() const;   ///< "TLSv1.3", ...
+  /// The session to resume on another connection (after a response has been read: TLS 1.3 sends
+  /// its tickets after the handshake); null when the server gave none.
+  std::shared_ptr<void> tls_session() const;
+  /// The client's OpenSSL SSL* (for tests that misbehave at the TLS level), or null.
+  void* tls_native() const;
 
   connection(connection&&) noexcept;
   connection& operator=(connection&&) noexcept;
@@ -85,6 +108,8 @@ class connection {
   /// True when the peer closes or resets the connection within `timeout`. Bytes that arrive
   /// meanwhile are kept for the next read.
   bool is_closed(clock::duration timeout);
+  /// Writes bytes on the socket itself, past TLS (a client that breaks the record layer).
+  bool write_raw(std::string_view bytes);
   void shutdown_write();
   void close();
   /// Closes with RST (SO_LINGER 0): an abrupt client abort.

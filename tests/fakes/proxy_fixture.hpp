@@ -43,6 +43,7 @@ class proxy {
   }
   std::uint16_t port() const { return d_.port(); }
   std::uint16_t admin_port() const { return d_.admin_port(); }
+  std::uint16_t tls_port() const { return d_.tls_port(); }
   server::daemon& daemon() { return d_; }
   const config::config& cfg() const { return *cfg_; }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fakes/admin_client.hpp"
+#include "fakes/certs.hpp"
 #include "fakes/http_client.hpp"
 #include "fakes/process.hpp"
 #include "fakes/servers.hpp"
@@ -342,6 +343,80 @@ TEST_F(Process, OperatorMetricsFollowTheProcess) {
   auto r = stream.read_response(10s);
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(p->wait(10s), 0) << p->output();
+}
+
+TEST_F(Process, TlsCertificateProblemsExitTwoAndCheckConfigNamesTheListener) {
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {}).build()));
+  const auto good = make_cert(dir_, "good");
+  const auto other = make_cert(dir_, "other");
+  const auto expired = make_cert(dir_, "expired", {.not_before = -48h, .not_after = -24h});
+  auto args = [&](const cert_files& c, std::vector<std::string> extra = {}) {
+    std::vector<std::string> a{"--topology-file", path("topology.json"), "--listen", "127.0.0.1:0",
+                               "--admin-listen", "127.0.0.1:0", "--tls-listen", "127.0.0.1:0",
+                               "--tls-cert", c.cert, "--tls-key", c.key};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  std::string out;
+  EXPECT_EQ(run_to_exit(args(good, {"--check-config"}), &out), 0) << out;
+  EXPECT_NE(out.find("https 127.0.0.1:0 (/CN=localhost, valid until"), std::string::npos) << out;
+  EXPECT_EQ(run_to_exit(args(expired, {"--check-config"}), &out), 2);
+  EXPECT_NE(out.find("the certificate expired at"), std::string::npos) << out;
+  EXPECT_EQ(run_to_exit(args({good.cert, other.key}), &out), 2);  // at start too, not only with --check-config
+  EXPECT_NE(out.find("the key does not match the certificate"), std::string::npos) << out;
+  EXPECT_EQ(run_to_exit(args({path("nope.pem"), good.key}, {"--check-config"}), &out), 2);
+  EXPECT_NE(out.find("tls.cert_file " + path("nope.pem") + ": No such file"), std::string::npos) << out;
+  EXPECT_EQ(run_to_exit({"--topology-file", path("topology.json"), "--tls-cert", good.cert, "--tls-key", good.key,
+                         "--check-config"},
+                        &out),
+            2);
+  EXPECT_NE(out.find("tls.listen is not"), std::string::npos) << out;
+}
+
+TEST_F(Process, SighupReloadsTheTlsCertificateAndKeepsItWhenTheNewPairIsBad) {
+  demo::replica_server a({.name = "replica-a"});
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a)}).build()));
+  // The files the config names; a certificate manager replaces them in place.
+  const auto first = make_cert(dir_, "first", {.common_name = "first"});
+  const auto second = make_cert(dir_, "second", {.common_name = "second"});
+  std::filesystem::copy_file(first.cert, path("cert.pem"));
+  std::filesystem::copy_file(first.key, path("key.pem"));
+  auto p = start("tls:\n  listen: 127.0.0.1:0\n  cert_file: " + path("cert.pem") + "\n  key_file: " +
+                 path("key.pem") + "\n");
+  std::smatch m;
+  const std::string log = p->output();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex(R"(, https 127\.0\.0\.1:(\d+))"))) << log;
+  const auto tls_port = static_cast<std::uint16_t>(std::stoi(m[1]));
+  auto verified_by = [&](const cert_files& c) {
+    tls_options o;
+    o.ca_file = c.cert;
+    auto conn = connection::open_tls("127.0.0.1", tls_port, o, 2s);
+    if (!conn.connected()) return false;
+    conn.write(format_request("GET", "/x", "127.0.0.1", tls_port, {}, {}));
+    return conn.read_response(5s).status == 200u;
+  };
+  ASSERT_TRUE(verified_by(first)) << p->output();
+  auto held = connection::open_tls("127.0.0.1", tls_port, {.ca_file = first.cert}, 2s);
+  ASSERT_TRUE(held.connected()) << held.error();
+
+  std::filesystem::copy_file(second.cert, path("cert.pem"), std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(second.key, path("key.pem"), std::filesystem::copy_options::overwrite_existing);
+  p->signal(SIGHUP);
+  EXPECT_TRUE(eventually([&] { return verified_by(second); }, 10s)) << p->output();
+  EXPECT_FALSE(verified_by(first));
+  // The connection made before the reload still works.
+  ASSERT_TRUE(held.write(format_request("GET", "/x", "127.0.0.1", tls_port, {}, {})));
+  EXPECT_EQ(held.read_response(5s).status, 200u);
+
+  // A key that does not match: refused, counted, logged; the second certificate stays.
+  std::filesystem::copy_file(first.key, path("key.pem"), std::filesystem::copy_options::overwrite_existing);
+  p->signal(SIGHUP);
+  EXPECT_TRUE(eventually([&] { return admin_metric("ingressd_config_reload_errors_total") == 1; }, 10s))
+      << p->output();
+  EXPECT_TRUE(verified_by(second));
+  EXPECT_NE(p->output().find("the key does not match the certificate"), std::string::npos) << p->output();
+  p->signal(SIGTERM);
+  EXPECT_EQ(p->wait(5s), 0);
 }
 
 TEST_F(Process, SighupAppliesAValidConfigAndKeepsTheRunningOneOnError) {
