@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ingressd vs HAProxy 2.6 + Lua (Ray Serve's router data plane, rebuilt from
-# /work/shared/spec/ray-serve-ingress.md), side by side on one topology, in one run.
+# /work/shared/spec/ray-serve-ingress.md) vs nginx + lua-nginx-module with pooled cosockets (the
+# best an operator could build instead, issue #22), side by side on one topology, in one run.
 #
 #   bench/run.sh [--quick] [--rounds N] [--duration S] [--idle-conns N] [--ingressd PATH] [--keep]
 #   bench/run.sh --profile plain|router [--duration S]    # ingressd under callgrind, instructions/request
@@ -8,13 +9,14 @@
 #   bench/run.sh --ab OLD [--rounds N] [--duration S]     # this build vs another ingressd build, paired
 #   bench/run.sh --hedge [--rounds N] [--duration S]      # late routers: hedged router calls (README)
 #
-# Layout (2 cores): core 1 = the proxy under test (ingressd --threads 1 / HAProxy nbthread 1),
-# core 0 = everything else (wrk, nginx fakes for replicas and routers, the Python SSE replica and
-# the Python clients). See bench/README.md for what is measured and how to read the noise.
+# Layout (2 cores): core 1 = the proxy under test (ingressd --threads 1 / HAProxy nbthread 1 /
+# nginx with one worker), core 0 = everything else (wrk, nginx fakes for replicas and routers,
+# the Python SSE replica and the Python clients). See bench/README.md for what is measured and
+# how to read the noise.
 #
-# --quick: 1 round, plain GET + router POST at 64 connections, short runs (well under a minute
+# --quick: 1 round, plain GET + router POST at 64 connections, short runs (about a minute
 # after the build); exits 1 when ingressd's router-path req/s is below 2x HAProxy's in this run
-# (or ingressd returned errors on that path).
+# (or ingressd returned errors on that path). nginx + Lua runs too, for information.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -33,8 +35,9 @@ HEDGE=0
 INGRESSD=${INGRESSD:-$ROOT/build/release/ingressd}
 PORT_BASE=${BENCH_PORT_BASE:-18400}
 GATE_RATIO=${BENCH_GATE_RATIO:-2.0}
+WITH_NGINX=${BENCH_NGINX:-1}     # 0: leave the nginx + Lua anchor out (and its packages)
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case $1 in
     --quick) QUICK=1 ;;
@@ -54,13 +57,13 @@ while (($#)); do
 done
 [[ -z $PROFILE || $PROFILE == plain || $PROFILE == router ]] || { echo "--profile plain|router" >&2; exit 2; }
 if [ -n "$PROFILE" ]; then
-  ROUNDS=1; DURATION=${DURATION:-10}; WARMUP=2; IDLE_N=${IDLE_N:-100}; TTFT_N=0; KEEP=1
+  ROUNDS=1; DURATION=${DURATION:-10}; WARMUP=2; IDLE_N=${IDLE_N:-100}; TTFT_N=0; KEEP=1; WITH_NGINX=0
 elif [ -n "$AB" ]; then
   # Many short paired runs: the host's noise drifts over seconds (bench/README "Comparing two builds"), so each
   # pair is two back-to-back runs and the verdict is the median of the per-pair ratios.
   [ -x "$AB" ] || { echo "--ab: '$AB' is not an executable" >&2; exit 2; }
   ROUNDS=${ROUNDS:-12}; DURATION=${DURATION:-2}; WARMUP=1; IDLE_N=${IDLE_N:-100}; TTFT_N=${TTFT_N:-100}
-  SCENARIOS=(plain_c64 router_c16 router_c64 router_c256); THREADS2=0
+  SCENARIOS=(plain_c64 router_c16 router_c64 router_c256); THREADS2=0; WITH_NGINX=0   # ingressd vs ingressd
 elif ((HEDGE)); then
   # Router conditions x proxies, all at 64 connections on the router path (bench/README "Late routers").
   ROUNDS=${ROUNDS:-3}; DURATION=${DURATION:-6}; WARMUP=1; IDLE_N=${IDLE_N:-100}; TTFT_N=0
@@ -91,6 +94,7 @@ log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # ------------------------------------------------------------------ dependencies
 need=(haproxy nginx wrk python3 iproute2 util-linux)
+((WITH_NGINX)) && need+=(libnginx-mod-http-lua lua-resty-core)
 [ -n "$PROFILE" ] && need+=(valgrind strace)
 missing=()
 for p in "${need[@]}"; do
@@ -104,6 +108,8 @@ if ((${#missing[@]})); then
 fi
 [[ $(haproxy -vv 2>/dev/null) == *"Built with Lua"* ]] || { echo "this haproxy has no Lua support" >&2; exit 1; }
 HAP_VERSION=$(haproxy -v 2>/dev/null); HAP_VERSION=${HAP_VERSION%%$'\n'*}
+NGX_VERSION=$(nginx -v 2>&1); NGX_VERSION=${NGX_VERSION##*/}
+NGX_LUA_VERSION=$(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null); NGX_LUA_VERSION=${NGX_LUA_VERSION#*:}
 
 if [ ! -x "$INGRESSD" ]; then
   log "building ingressd (release)"
@@ -142,14 +148,16 @@ fi
 # ------------------------------------------------------------------ ports and temp dir
 P_ING=$((PORT_BASE + 0)); P_ING_ADMIN=$((PORT_BASE + 1)); P_HAP=$((PORT_BASE + 2))
 P_ING2=$((PORT_BASE + 4)); P_ING2_ADMIN=$((PORT_BASE + 5)); P_HAP2=$((PORT_BASE + 6))
+P_NGX=$((PORT_BASE + 3)); P_NGX2=$((PORT_BASE + 7)); P_NGX_CHECK=$((PORT_BASE + 8))
+P_DEAD_ROUTER=$((PORT_BASE + 22))   # nothing listens here: the failover check's dead router
 REPLICA_PORTS=($((PORT_BASE + 10)) $((PORT_BASE + 11)) $((PORT_BASE + 12)) $((PORT_BASE + 13)))
 ROUTER_PORTS=($((PORT_BASE + 20)) $((PORT_BASE + 21)))
 P_SSE=$((PORT_BASE + 30)); P_SSE_ROUTER=$((PORT_BASE + 31)); P_STATUS=$((PORT_BASE + 40))
 REPLICA_NAMES=(r1 r2 r3 r4)
 NODE_IP=127.0.0.2          # this node's "Ray node IP": routers live here (co-located)
 
-for p in $P_ING $P_ING_ADMIN $P_HAP $P_ING2 $P_ING2_ADMIN $P_HAP2 "${REPLICA_PORTS[@]}" \
-         "${ROUTER_PORTS[@]}" $P_SSE $P_SSE_ROUTER $P_STATUS; do
+for p in $P_ING $P_ING_ADMIN $P_HAP $P_ING2 $P_ING2_ADMIN $P_HAP2 $P_NGX $P_NGX2 $P_NGX_CHECK \
+         "${REPLICA_PORTS[@]}" "${ROUTER_PORTS[@]}" $P_DEAD_ROUTER $P_SSE $P_SSE_ROUTER $P_STATUS; do
   if [ -n "$(ss -Htln "sport = :$p")" ]; then
     echo "port $p is in use; set BENCH_PORT_BASE to a free range" >&2; exit 1
   fi
@@ -218,8 +226,10 @@ http {
   fastcgi_temp_path $TMP/nginx-tmp/fastcgi;
   uwsgi_temp_path $TMP/nginx-tmp/uwsgi;
   scgi_temp_path $TMP/nginx-tmp/scgi;
-  # A router picks one of the four replicas at random (LLMRouter's load-balanced pick).
-  split_clients "\${request_id}" \$pick { 25% r1; 25% r2; 25% r3; * r4; }
+  # A router picks one of the four replicas at random (LLMRouter's load-balanced pick), or the
+  # one the session header names (x-session-id: r1..r4; only the routing check sends it).
+  split_clients "\${request_id}" \$random_pick { 25% r1; 25% r2; 25% r3; * r4; }
+  map \$http_x_session_id \$pick { r1 r1; r2 r2; r3 r3; r4 r4; default \$random_pick; }
   map \$pick \$pick_port {
 EOF
   for i in 0 1 2 3; do echo "    ${REPLICA_NAMES[$i]} ${REPLICA_PORTS[$i]};"; done
@@ -229,6 +239,8 @@ EOF
   server {   # data-plane replica SERVE_REPLICA::llm#LLMServer#${REPLICA_NAMES[$i]} (64-byte body)
     listen 127.0.0.1:${REPLICA_PORTS[$i]} backlog=4096;
     location = /-/healthz { return 200 "success"; }
+    # the routing check (check_routing): who answered, and the headers the proxy set
+    location = /bench/echo { return 200 "replica=${REPLICA_NAMES[$i]} xff=\$http_x_forwarded_for proto=\$http_x_forwarded_proto rid=\$http_x_request_id\n"; }
     location / { default_type application/json; return 200 '{"id":"cmpl-bench","object":"chat.completion","replica":"${REPLICA_NAMES[$i]}"}\n'; }
   }
 EOF
@@ -408,6 +420,37 @@ haproxy_cfg $P_HAP 1 busy-polling >"$TMP/haproxy-bp.cfg"
 haproxy -c -q -f "$TMP/haproxy.cfg" >"$TMP/haproxy-check.log" 2>&1 ||
   { cat "$TMP/haproxy-check.log" >&2; exit 1; }
 
+# ------------------------------------------------------------------ nginx + lua-nginx-module (issue #22)
+# The same topology file rendered into an nginx config and Lua tables (bench/nginx/render.py);
+# the router action is bench/nginx/ingress_request_router.lua (pooled keep-alive cosockets).
+# ngx1: one worker (master_process off: one process, like HAProxy -db and ingressd); ngx2: two
+# workers (the 2-thread rows); ngx-failover, ngx-unreachable: the failover checks (a dead router).
+render_nginx() { # dir port workers [topology]
+  python3 "$HERE/nginx/render.py" --topology "${4:-$TMP/topology.json}" --node-ip "$NODE_IP" \
+    --listen "127.0.0.1:$2" --dir "$1" --workers "$3" --nofile "$NOFILE"
+  nginx -t -q -p "$1" -c "$1/nginx.conf" >"$1/check.log" 2>&1 || { cat "$1/check.log" >&2; exit 1; }
+}
+if ((WITH_NGINX)); then
+  render_nginx "$TMP/ngx1" $P_NGX 1
+  render_nginx "$TMP/ngx2" $P_NGX2 2
+  # the failover checks' topologies: the llm app's pool gets a third co-located router that is
+  # dead (failover), or has only that one (unreachable)
+  python3 - "$TMP/topology.json" "$TMP" "$NODE_IP" "$P_DEAD_ROUTER" <<'EOF'
+import copy, json, sys
+src, tmp, node_ip, port = sys.argv[1:]
+doc = json.load(open(src))
+dead = {"ip": node_ip, "port": int(port), "instance_id": "bench-node", "name": "SERVE_REPLICA::llm#LLMRouter#dead"}
+for name, keep in (("failover", True), ("unreachable", False)):
+    d = copy.deepcopy(doc)
+    for g in d["target_groups"]:
+        if g["app_name"] == "llm":
+            g["ingress_request_router_targets"] = (g["ingress_request_router_targets"] if keep else []) + [dead]
+    json.dump(d, open("%s/topology-%s.json" % (tmp, name), "w"), indent=1)
+EOF
+  render_nginx "$TMP/ngx-failover" $P_NGX_CHECK 1 "$TMP/topology-failover.json"
+  render_nginx "$TMP/ngx-unreachable" $P_NGX_CHECK 1 "$TMP/topology-unreachable.json"
+fi
+
 cat >"$TMP/post.lua" <<'EOF'
 wrk.method = "POST"
 wrk.body = '{"model":"llm","stream":false,"max_tokens":16,"messages":[{"role":"user","content":"Say hello."}]}'
@@ -450,20 +493,39 @@ wait_port() { # host port
   done
   echo "nothing listening on $1:$2" >&2; return 1
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%d", s}'; }  # all threads, ns
+# A proxy's processes: the pid and its children. ingressd and HAProxy (-db) are one process each;
+# nginx is one too with one worker (master_process off), and a master + its workers with two.
+proc_family() { echo "$1"; cat /proc/"$1"/task/*/children 2>/dev/null || true; }
+cpu_ticks() { # utime + stime of all threads of the proxy's processes, in clock ticks
+  local p
+  for p in $(proc_family "$1"); do cat "/proc/$p/stat" 2>/dev/null || true; done |
+    awk '{s += $14 + $15} END {printf "%d", s}'
+}
+cpu_ns() { # the same from schedstat, ns
+  local p
+  for p in $(proc_family "$1"); do cat /proc/"$p"/task/*/schedstat 2>/dev/null || true; done |
+    awk '{s += $1} END {printf "%d", s}'
+}
 core_sample() { awk -v c="cpu$1" '$1 == c {b = 0; for (i = 2; i <= NF; i++) b += $i; print b - $5 - $6, b}' /proc/stat; }
 busy_pct() { awk -v a="$1" -v b="$2" 'BEGIN{split(a,x," "); split(b,y," "); d=y[2]-x[2]; print (d>0 ? 100*(y[1]-x[1])/d : 0)}'; }
-nginx_accepts() { # connections nginx (all replicas + routers) has accepted so far
+nginx_counts() { # connections accepted and requests served so far by the nginx fakes (all
+  # replicas + routers), "ACCEPTS REQUESTS"
   local n
   exec 3<>"/dev/tcp/127.0.0.1/$P_STATUS"
   printf 'GET /status HTTP/1.0\r\nHost: x\r\n\r\n' >&3
-  n=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9]+ *\r?$/ {print $1}' <&3)
+  n=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9]+ *\r?$/ {print $1, $3}' <&3)
   exec 3<&-
-  echo "${n:-0}"
+  echo "${n:-0 0}"
 }
-conns_to() { # established connections towards a port range (the proxy's upstream side)
-  ss -Htn state established "( dport >= :$1 and dport <= :$2 )" 2>/dev/null | wc -l
+conns_to() { # lo hi [pid]: established connections towards a port range (the proxy's upstream
+  # side); with a pid, only that proxy's own (the idle proxies keep their pools open meanwhile)
+  if [ -n "${3:-}" ]; then
+    local pat
+    pat=$(proc_family "$3" | awk '{printf "%spid=%s,", (NR > 1 ? "|" : ""), $1}')
+    ss -Htnp state established "( dport >= :$1 and dport <= :$2 )" 2>/dev/null | grep -cE "$pat" || true
+  else
+    ss -Htn state established "( dport >= :$1 and dport <= :$2 )" 2>/dev/null | wc -l
+  fi
 }
 
 # ingressd_args LISTEN_PORT ADMIN_PORT CONFIG THREADS: ingressd's command line (after the binary)
@@ -473,20 +535,51 @@ ingressd_args() {
             --node-ip "$NODE_IP" --topology-file "$TMP/topology.json")
 }
 
-ING_PID=""; HAP_PID=""
-start_proxies() { # threads [bp: the busy-poll variant]
+ING_PID=""; HAP_PID=""; NGX_PID=""
+# the proxies of the load rounds, in the order of odd rounds (even rounds run them in reverse)
+PROXIES=(ingressd haproxy); ((WITH_NGINX)) && PROXIES+=(nginx)
+start_proxies() { # threads [bp: the busy-poll variant; nginx has no busy polling and sits it out]
   local threads=$1 core=$PROXY_CORE lp=$P_ING ap=$P_ING_ADMIN hp=$P_HAP cfg=$TMP/haproxy.cfg icfg=$TMP/ingressd.yaml
-  if ((threads == 2)); then core=$BOTH_CORES; lp=$P_ING2; ap=$P_ING2_ADMIN; hp=$P_HAP2; cfg=$TMP/haproxy2.cfg; fi
+  local ndir=$TMP/ngx1 np=$P_NGX
+  if ((threads == 2)); then core=$BOTH_CORES; lp=$P_ING2; ap=$P_ING2_ADMIN; hp=$P_HAP2; cfg=$TMP/haproxy2.cfg
+                            ndir=$TMP/ngx2; np=$P_NGX2; fi
   if [ "${2:-}" = bp ]; then cfg=$TMP/haproxy-bp.cfg; icfg=$TMP/ingressd-bp.yaml; fi
   ingressd_args "$lp" "$ap" "$icfg" "$threads"
   start_bg ingressd "$core" "${ING_ENV[@]}" "$INGRESSD" "${ING_ARGS[@]}"
   ING_PID=$LAST_PID
   start_bg haproxy "$core" haproxy -db -f "$cfg"
   HAP_PID=$LAST_PID
-  ING_PORT=$lp; HAP_PORT=$hp
+  ING_PORT=$lp; HAP_PORT=$hp; NGX_PID=""; NGX_PORT=$np
+  if ((WITH_NGINX)) && [ "${2:-}" != bp ]; then
+    start_bg nginx-proxy "$core" nginx -p "$ndir" -c "$ndir/nginx.conf"
+    NGX_PID=$LAST_PID
+  fi
   wait_port 127.0.0.1 "$lp" && wait_port 127.0.0.1 "$hp"
   probe 127.0.0.1 "$lp" || { tail -20 "$TMP/ingressd.log" >&2; exit 1; }
   probe 127.0.0.1 "$hp" || { tail -20 "$TMP/haproxy.log" >&2; exit 1; }
+  if [ -n "$NGX_PID" ]; then
+    wait_port 127.0.0.1 "$np"
+    probe 127.0.0.1 "$np" || { tail -20 "$TMP/nginx-proxy.log" "$ndir/error.log" >&2; exit 1; }
+  fi
+}
+# check_routing NAME PORT [MODE]: bench/lib/check_routing.py (the router's pick is the replica
+# that answers, the headers are set; failover; every router dead); exits the bench on a failure
+check_routing() {
+  local out
+  out=$(python3 "$LIB/check_routing.py" --name "$1" --port "$2" --mode "${3:-routing}") ||
+    { log "$out"; exit 1; }
+  log "$out"
+}
+# nginx + Lua's failover, before the rounds: a pool with a dead router, then one with only that
+check_nginx_failover() {
+  local mode
+  for mode in failover unreachable; do
+    start_bg "nginx-$mode" "$PROXY_CORE" nginx -p "$TMP/ngx-$mode" -c "$TMP/ngx-$mode/nginx.conf"
+    local pid=$LAST_PID
+    wait_port 127.0.0.1 "$P_NGX_CHECK"
+    check_routing nginx "$P_NGX_CHECK" "$mode"
+    stop_pid "$pid"
+  done
 }
 # ---- per-thread CPU budgets (the scaling test). On 2 cores, wrk and the nginx fakes need ~0.8 of a
 # core to feed one ingressd thread, so a second proxy thread can only take CPU from them: the
@@ -498,8 +591,11 @@ BUDGET_PCT=${BENCH_THREAD_BUDGET:-30}
 CGROUPS=()
 budget_available() { [ -e "$CG_ROOT/cpu.cfs_quota_us" ] && mkdir "$CG_ROOT/ingressd-bench-probe-$$" 2>/dev/null &&
                      rmdir "$CG_ROOT/ingressd-bench-probe-$$"; }
-proxy_threads() { # pid: the threads that carry traffic (ingressd's workers; every HAProxy thread)
-  local pid=$1 t
+proxy_threads() { # pid: the threads that carry traffic (ingressd's workers; every HAProxy thread;
+  # nginx's worker processes, one thread each, or nginx itself when it runs without a master)
+  local pid=$1 t kids
+  kids=$(cat /proc/"$pid"/task/*/children 2>/dev/null || true)
+  if [ -n "$kids" ]; then echo $kids; return; fi
   for t in /proc/"$pid"/task/*; do
     local comm; comm=$(cat "$t/comm" 2>/dev/null) || continue
     if [ "$pid" = "$ING_PID" ]; then [[ $comm == ingressd-w* ]] || continue; fi
@@ -528,13 +624,15 @@ release_budgets() { # after the budgeted proxies stopped: their cgroups are empt
 }
 
 stop_proxies() {
-  for pid in "$ING_PID" "$HAP_PID"; do
+  for pid in "$ING_PID" "$HAP_PID" "$NGX_PID"; do
+    [ -n "$pid" ] || continue
     kill -0 "$pid" 2>/dev/null || { log "ERROR: proxy pid $pid died during the run (see logs)"; }
     stop_pid "$pid"
   done
+  NGX_PID=""
 }
-proxy_pid() { if [ "$1" = ingressd ]; then echo "$ING_PID"; else echo "$HAP_PID"; fi; }
-proxy_port() { if [ "$1" = ingressd ]; then echo "$ING_PORT"; else echo "$HAP_PORT"; fi; }
+proxy_pid() { case $1 in ingressd) echo "$ING_PID" ;; nginx) echo "$NGX_PID" ;; *) echo "$HAP_PID" ;; esac; }
+proxy_port() { case $1 in ingressd) echo "$ING_PORT" ;; nginx) echo "$NGX_PORT" ;; *) echo "$HAP_PORT" ;; esac; }
 
 # run_scenario ROUND PROXY PORT PID SCENARIO: a plain_cN (GET) or router_cN (POST) scenario
 run_scenario() {
@@ -552,22 +650,22 @@ run_wrk() {
   taskset -c $LOAD_CORE wrk -t1 -c"$conns" -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
   local c0="" c1="" s0 s1 l0 l1 t0 t1
   [ -n "$pid" ] && c0=$(cpu_ticks "$pid")
-  local a0 a1
-  a0=$(nginx_accepts)
+  local a0 a1 q0 q1
+  read -r a0 q0 <<<"$(nginx_counts)"
   s0=$(core_sample $PROXY_CORE); l0=$(core_sample $LOAD_CORE); t0=$(date +%s.%N)
   # mid-run: how many upstream connections the proxy holds (pooled = flat and small)
   (sleep "$(awk -v d="$DURATION" 'BEGIN{print d/2}')"
-   echo "$(conns_to "${REPLICA_PORTS[0]}" "${REPLICA_PORTS[3]}") $(conns_to "${ROUTER_PORTS[0]}" "${ROUTER_PORTS[1]}")" \
+   echo "$(conns_to "${REPLICA_PORTS[0]}" "${REPLICA_PORTS[3]}" "$pid") $(conns_to "${ROUTER_PORTS[0]}" "${ROUTER_PORTS[1]}" "$pid")" \
      >"$out.conns") &
   local sampler=$!
   taskset -c $LOAD_CORE wrk -t1 -c"$conns" -d"${DURATION}s" --latency "${script[@]}" "$url" >"$out" 2>&1 || true
   wait "$sampler" 2>/dev/null || true
   s1=$(core_sample $PROXY_CORE); l1=$(core_sample $LOAD_CORE); t1=$(date +%s.%N)
-  a1=$(nginx_accepts)
+  read -r a1 q1 <<<"$(nginx_counts)"
   local args=(--file "$out" --round "$round" --proxy "$proxy" --scenario "$scen"
               --core-busy "$(busy_pct "$s0" "$s1")" --load-core-busy "$(busy_pct "$l0" "$l1")"
               --elapsed "$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}')"
-              --upstream-accepts $((a1 - a0 - 1)))
+              --upstream-accepts $((a1 - a0 - 1)) --upstream-requests $((q1 - q0 - 1)))
   if [ -n "$pid" ]; then c1=$(cpu_ticks "$pid"); args+=(--cpu-ticks $((c1 - c0)) --clk-tck "$CLK_TCK"); fi
   python3 "$LIB/report.py" wrk "${args[@]}" | tee -a "$RESULTS" >"$out.rows"
   if [ -s "$out.conns" ]; then
@@ -623,8 +721,9 @@ wait_port 127.0.0.1 "${REPLICA_PORTS[0]}"; wait_port 127.0.0.1 "$P_SSE"
 ((HEDGE)) || wait_port $NODE_IP "${ROUTER_PORTS[0]}"
 
 # --hedge: the llm app's two co-located routers answer late on purpose (ingressd-bench-router);
-# per condition, HAProxy + Lua, ingressd (router.hedge auto, the default) and ingressd with
-# router.hedge off run side by side on the proxy core, each measured while the others idle.
+# per condition, HAProxy + Lua, ingressd (router.hedge auto, the default), ingressd with
+# router.hedge off and nginx + Lua run side by side on the proxy core, each measured while the
+# others idle.
 if ((HEDGE)); then
   ROUTER_BIN=${BENCH_ROUTER:-$(dirname "$INGRESSD")/ingressd-bench-router}
   if [ ! -x "$ROUTER_BIN" ]; then
@@ -658,12 +757,14 @@ EOF
       start_bg ingressd-nohedge "$PROXY_CORE" "${ING_ENV[@]}" "$INGRESSD" "${ING_ARGS[@]}"
       NOH_PID=$LAST_PID
       wait_port 127.0.0.1 "$P_ING2"; probe 127.0.0.1 "$P_ING2" || { tail -20 "$TMP/ingressd-nohedge.log" >&2; exit 1; }
-      if ((r % 2)); then ORDER=(ingressd nohedge haproxy); else ORDER=(haproxy nohedge ingressd); fi
+      ORDER=(ingressd nohedge haproxy); ((WITH_NGINX)) && ORDER+=(nginx)
+      if ((r % 2 == 0)); then rev=(); for p in "${ORDER[@]}"; do rev=("$p" "${rev[@]}"); done; ORDER=("${rev[@]}"); fi
       for p in "${ORDER[@]}"; do
         case $p in
           ingressd) port=$ING_PORT; pid=$ING_PID ;;
           nohedge) port=$P_ING2; pid=$NOH_PID ;;
           haproxy) port=$HAP_PORT; pid=$HAP_PID ;;
+          nginx) port=$NGX_PORT; pid=$NGX_PID ;;
         esac
         [ "$p" = ingressd ] && read -r h0 q0 <<<"$(hedge_sent "$P_ING_ADMIN")"
         run_wrk "$r" "$p" "$port" "$pid" "hedge_${cond}" 64 POST
@@ -678,7 +779,8 @@ EOF
   done
   echo
   echo "late routers, router path POST at 64 connections: HAProxy $(awk '{print $3}' <<<"$HAP_VERSION") + Lua vs" \
-       "ingressd (router.hedge auto) vs ingressd (router.hedge off); proxy core $PROXY_CORE; $ROUNDS round(s) x ${DURATION}s;" \
+       "ingressd (router.hedge auto) vs ingressd (router.hedge off)$( ((WITH_NGINX)) && echo " vs nginx + Lua (pooled cosockets)");" \
+       "proxy core $PROXY_CORE; $ROUNDS round(s) x ${DURATION}s;" \
        "loadavg at end $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 "$LIB/report.py" hedge --results "$RESULTS"
   exit 0
@@ -770,10 +872,16 @@ fi
 # direct baselines: generator + upstream capacity on core 0 (must be well above the proxies' rates)
 run_wrk 0 direct "${REPLICA_PORTS[0]}" "" direct_get_c64 64 GET
 run_wrk 0 direct "${REPLICA_PORTS[0]}" "" direct_post_c64 64 POST
+# nginx + Lua's router failover, on instances of their own (bench/lib/check_routing.py)
+((WITH_NGINX)) && check_nginx_failover
 
 for ((r = 1; r <= ROUNDS; r++)); do
-  if ((r % 2)); then ORDER=(ingressd haproxy); else ORDER=(haproxy ingressd); fi
+  # odd rounds: ingressd, haproxy, nginx; even rounds the reverse, so drift cancels out
+  if ((r % 2)); then ORDER=("${PROXIES[@]}"); else ORDER=(); for p in "${PROXIES[@]}"; do ORDER=("$p" "${ORDER[@]}"); done; fi
   start_proxies 1
+  # before the first measurement: every proxy sends each request to the replica its router chose
+  # and sets the forwarding headers (bench/lib/check_routing.py)
+  if ((r == 1)); then for p in "${ORDER[@]}"; do check_routing "$p" "$(proxy_port "$p")"; done; fi
   # idle memory first, on freshly started processes (only the readiness probe has run): after a
   # load test both processes keep freed memory (HAProxy in its pools, ingressd in malloc), and new
   # idle connections would reuse it for free
@@ -792,12 +900,14 @@ for ((r = 1; r <= ROUNDS; r++)); do
     for p in "${ORDER[@]}"; do run_scenario "$r" "$p" "$(proxy_port "$p")" "$(proxy_pid "$p")" "$scen"; done
   done
   stop_proxies
-  # SSE TTFT again with busy polling on both (ingressd busy_poll_us, HAProxy busy-polling)
+  # SSE TTFT again with busy polling on both (ingressd busy_poll_us, HAProxy busy-polling; nginx
+  # has no busy polling and is not started)
   if ((! SCALING_ONLY)) && ((TTFT_N > 0)); then
     # One at a time: HAProxy's busy-polling spins always, and would take the shared proxy core
     # from ingressd in 4 ms slices; the proxy not measured is paused (SIGSTOP).
     start_proxies 1 bp
     for p in "${ORDER[@]}"; do
+      [ "$p" = nginx ] && continue
       other=$HAP_PID; [ "$p" = haproxy ] && other=$ING_PID
       kill -STOP "$other"
       run_ttft "$r" "$p" sse_bp
@@ -817,6 +927,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         cores=("$PROXY_CORE"); ((threads == 2)) && cores=("$PROXY_CORE" "$LOAD_CORE")
         budget_threads "$ING_PID" "${cores[@]}"
         budget_threads "$HAP_PID" "${cores[@]}"
+        [ -n "$NGX_PID" ] && budget_threads "$NGX_PID" "${cores[@]}"
         for p in "${ORDER[@]}"; do
           run_wrk "$r" "$p" "$(proxy_port "$p")" "$(proxy_pid "$p")" "router_c64_b$threads" 64 POST
         done
@@ -828,7 +939,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 echo
-echo "ingressd --threads 1 vs HAProxy $(awk '{print $3}' <<<"$HAP_VERSION") nbthread 1 + Lua (Ray router data plane)," \
+ngx_label=""
+((WITH_NGINX)) && ngx_label=" vs nginx $NGX_VERSION, 1 worker + lua-nginx-module $NGX_LUA_VERSION (pooled cosockets)"
+echo "ingressd --threads 1 vs HAProxy $(awk '{print $3}' <<<"$HAP_VERSION") nbthread 1 + Lua (Ray router data plane)$ngx_label," \
      "proxy on core $PROXY_CORE, load + fakes on core $LOAD_CORE; $ROUNDS round(s) x ${DURATION}s; idle test N=$IDLE_N;" \
      "loadavg at end $(cut -d' ' -f1-3 /proc/loadavg); wall time $(( $(date +%s) - T_START ))s"
 echo

@@ -11,9 +11,10 @@
       p99 (medians over rounds), p99 over the same proxy's p99 with healthy routers, and the share
       of requests ingressd hedged; then the goal checks (bench/README "Late routers")
   report.py table --results results.tsv [--quick] [--gate-ratio 2.0]
-      print the comparison table (medians over rounds, per-round ratios) and the goal checks;
-      with --quick, exit 1 when ingressd's router-path req/s is below gate-ratio x HAProxy's in
-      the same run (or ingressd had errors on that path)
+      print the comparison table (medians over rounds, per-round ratios ingressd/HAProxy and, when
+      the nginx + Lua anchor ran, ingressd/nginx) and the goal checks; with --quick, exit 1 when
+      ingressd's router-path req/s is below gate-ratio x HAProxy's in the same run (or ingressd
+      had errors on that path)
 """
 import argparse
 import json
@@ -69,6 +70,10 @@ def cmd_wrk(a):
         rows["load_core_busy"] = a.load_core_busy
     if a.upstream_accepts is not None and w["requests"]:
         rows["new_conns_per_req"] = max(0, a.upstream_accepts) / w["requests"]
+    if a.upstream_requests is not None and w["requests"]:
+        # requests the fakes served per client request: 1 on the plain path, 2 on the router path
+        # (router call + replica); shows that every routed request asked a router
+        rows["upstream_reqs_per_req"] = max(0, a.upstream_requests) / w["requests"]
     if a.cpu_ticks is not None and a.elapsed:
         # share of one core the proxy used; what else ran on the proxy core = the rest
         rows["cpu_pct"] = a.cpu_ticks / a.clk_tck / a.elapsed * 100.0
@@ -162,11 +167,25 @@ def per_round_ratio(a, b):
     return rs
 
 
+def ratio_cell(rs):
+    if not rs:
+        return "-"
+    cell = "%.2f" % statistics.median(rs)
+    if len(rs) > 1:
+        cell += " [%.2f-%.2f]" % (min(rs), max(rs))
+    return cell
+
+
+# the proxies of the table, in column order; nginx (+ lua-nginx-module, pooled cosockets: issue
+# #22's anchor) only when the run measured it
+PROXIES = ("ingressd", "haproxy", "nginx")
+
+
 def cmd_table(a):
     data = load(a.results)
     # derived: TTFT added over direct, per round
     # (both variants against the direct run of the same round)
-    for proxy in ("ingressd", "haproxy"):
+    for proxy in PROXIES:
         for scen in ("sse", "sse_bp"):
             t = data.get((proxy, scen, "ttft_p50_ms"), {})
             d = data.get(("direct", "sse", "ttft_p50_ms"), {})
@@ -175,29 +194,32 @@ def cmd_table(a):
                     data[(proxy, scen, "added_p50_ms")][r] = v - d[r]
     rounds = sorted({r for v in data.values() for r in v if r != "0"})
     lines = []
+    nginx = any(p == "nginx" for (p, _, _) in data)
     head = ("scenario / metric", "ingressd", "haproxy", "ratio i/h")
+    if nginx:
+        head = ("scenario / metric", "ingressd", "haproxy", "nginx+lua", "ratio i/h", "ratio i/n")
     body = []
     for scen, metric, label, f, _ in ROWS:
         di = data.get(("ingressd", scen, metric), {})
         dh = data.get(("haproxy", scen, metric), {})
-        if not di and not dh:
+        dn = data.get(("nginx", scen, metric), {})
+        if not di and not dh and not dn:
             continue
-        rs = per_round_ratio(di, dh) if metric != "batched" else []
-        ratio = "-"
-        if rs:
-            ratio = "%.2f" % statistics.median(rs)
-            if len(rs) > 1:
-                ratio += " [%.2f-%.2f]" % (min(rs), max(rs))
-        body.append((label, fmt_cell(di, f), fmt_cell(dh, f), ratio))
-    widths = [max(len(r[i]) for r in [head] + body) for i in range(4)]
+        rh = ratio_cell(per_round_ratio(di, dh) if metric != "batched" else [])
+        if nginx:
+            rn = ratio_cell(per_round_ratio(di, dn) if metric != "batched" else [])
+            body.append((label, fmt_cell(di, f), fmt_cell(dh, f), fmt_cell(dn, f), rh, rn))
+        else:
+            body.append((label, fmt_cell(di, f), fmt_cell(dh, f), rh))
+    widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
     sep = "-+-".join("-" * w for w in widths)
     lines.append(" | ".join(h.ljust(w) for h, w in zip(head, widths)))
     lines.append(sep)
     for r in body:
         lines.append(" | ".join(c.ljust(w) for c, w in zip(r, widths)))
     print("\n".join(lines))
-    print("cells: median over %d round(s) [min-max]; ratio: median of per-round ingressd/haproxy "
-          "[min-max]" % len(rounds))
+    print("cells: median over %d round(s) [min-max]; ratio: median of per-round ingressd/haproxy%s "
+          "[min-max]" % (len(rounds), " (i/h) and ingressd/nginx+lua (i/n)" if nginx else ""))
 
     # baselines and sanity
     extra = []
@@ -215,7 +237,7 @@ def cmd_table(a):
                      % fmt_cell(d, "%.0f"))
     for scen in ("plain_c64", "router_c64", "router_c256"):
         cells = []
-        for proxy in ("ingressd", "haproxy"):
+        for proxy in PROXIES:
             cp = data.get((proxy, scen, "cpu_pct"), {})
             fo = data.get((proxy, scen, "foreign_pct"), {})
             lb = data.get((proxy, scen, "load_core_busy"), {})
@@ -226,23 +248,24 @@ def cmd_table(a):
             extra.append("proxy CPU share of its core, %s: %s" % (scen, "; ".join(cells)))
     for scen in ("plain_c64", "router_c64", "router_c256"):
         cells = []
-        for proxy in ("ingressd", "haproxy"):
+        for proxy in PROXIES:
             up = data.get((proxy, scen, "up_conns"), {})
             rt = data.get((proxy, scen, "router_conns"), {})
             nc = data.get((proxy, scen, "new_conns_per_req"), {})
+            uq = data.get((proxy, scen, "upstream_reqs_per_req"), {})
             if up or nc:
-                cells.append("%s %s new/req, %s to replicas + %s to routers open" % (
-                    proxy, fmt_cell(nc, "%.3f"), fmt_cell(up, "%.0f"), fmt_cell(rt, "%.0f")))
+                cells.append("%s %s new/req, %s to replicas + %s to routers open, %s upstream req/req" % (
+                    proxy, fmt_cell(nc, "%.3f"), fmt_cell(up, "%.0f"), fmt_cell(rt, "%.0f"), fmt_cell(uq, "%.2f")))
         if cells:
-            extra.append("upstream TCP conns (new per request; established mid-run), %s: %s"
-                         % (scen, "; ".join(cells)))
+            extra.append("upstream TCP conns (new per request; established mid-run; requests the fakes served per"
+                         " request), %s: %s" % (scen, "; ".join(cells)))
     fo = [v for (proxy, scen, metric), d in data.items() if metric == "foreign_pct" for v in d.values()]
     if fo and statistics.median(fo) > 10 or fo and max(fo) > 25:
         extra.append("WARNING: other processes used the proxy core during the runs (median %.0f %%, max %.0f %% "
                      "of it): absolute numbers are depressed and noisy; compare the per-round ratios"
                      % (statistics.median(fo), max(fo)))
     errs = []
-    for proxy in ("ingressd", "haproxy"):
+    for proxy in PROXIES:
         for scen in ERROR_SCENARIOS + ["sse", "sse_bp", "idle", "streams"]:
             for metric in ("errors", "failed", "non200", "closed_in_sample"):
                 d = data.get((proxy, scen, metric), {})
@@ -298,26 +321,74 @@ def cmd_table(a):
                                         m("haproxy", "idle", "bytes_per_conn") or 0))
     sb, sn = m("ingressd", "streams", "bytes_per_stream"), m("ingressd", "streams", "held")
     if sb:
-        goals.append("  [info] (5) %d concurrent SSE streams held: ingressd %.0f bytes/stream, haproxy %s"
+        goals.append("  [info] (5) %d concurrent SSE streams held: ingressd %.0f bytes/stream, haproxy %s%s"
                      % (sn or 0, sb, "%.0f" % m("haproxy", "streams", "bytes_per_stream")
-                        if m("haproxy", "streams", "bytes_per_stream") else "-"))
+                        if m("haproxy", "streams", "bytes_per_stream") else "-",
+                        ", nginx %.0f" % m("nginx", "streams", "bytes_per_stream")
+                        if m("nginx", "streams", "bytes_per_stream") else ""))
     # Scaling where each proxy thread has the same CPU budget (bench/run.sh, BENCH_THREAD_BUDGET):
     # two threads that share nothing should serve close to twice what one does.
     b1, b2 = m("ingressd", "router_c64_b1", "rps"), m("ingressd", "router_c64_b2", "rps")
     hb1, hb2 = m("haproxy", "router_c64_b1", "rps"), m("haproxy", "router_c64_b2", "rps")
+    nb1, nb2 = m("nginx", "router_c64_b1", "rps"), m("nginx", "router_c64_b2", "rps")
     goal("(5) scaling 1->2 threads, each thread with the same CPU budget: throughput grows >= 1.8x",
          b2 / b1 if b1 and b2 else None, bool(b1 and b2 and b2 / b1 >= 1.8),
-         "ingressd %.2fx (%.0f -> %.0f req/s), haproxy %s" % (
+         "ingressd %.2fx (%.0f -> %.0f req/s), haproxy %s%s" % (
              (b2 or 0) / (b1 or 1), b1 or 0, b2 or 0,
-             "%.2fx (%.0f -> %.0f)" % (hb2 / hb1, hb1, hb2) if hb1 and hb2 else "-"))
+             "%.2fx (%.0f -> %.0f)" % (hb2 / hb1, hb1, hb2) if hb1 and hb2 else "-",
+             ", nginx (workers) %.2fx (%.0f -> %.0f)" % (nb2 / nb1, nb1, nb2) if nb1 and nb2 else ""))
     t1, t2 = m("ingressd", "router_c64", "rps"), m("ingressd", "router_c64_t2", "rps")
     h1, h2 = m("haproxy", "router_c64", "rps"), m("haproxy", "router_c64_t2", "rps")
+    n1, n2 = m("nginx", "router_c64", "rps"), m("nginx", "router_c64_t2", "rps")
     if t1 and t2:
         goals.append("  [info] (5) scaling 1->2 threads without budgets, router c64 (the machine is the limit: "
-                     "the 2nd thread takes core 0 from wrk and the fakes): ingressd %.2fx, haproxy %s" % (t2 / t1, "%.2fx" % (h2 / h1) if h1 and h2 else "-"))
+                     "the 2nd thread takes core 0 from wrk and the fakes): ingressd %.2fx, haproxy %s%s" % (
+                         t2 / t1, "%.2fx" % (h2 / h1) if h1 and h2 else "-",
+                         ", nginx %.2fx" % (n2 / n1) if n1 and n2 else ""))
     print()
     print("goals (issue):")
     print("\n".join(goals))
+
+    # issue #22: against the best data plane an operator could build instead of Ray's HAProxy +
+    # Lua (nginx + lua-nginx-module, pooled cosockets); PASS/MISS, never the exit status
+    g22 = []
+
+    def goal22(name, rs, ok, shown):
+        if not rs:
+            g22.append("  [ -- ] %s: not measured" % name)
+        else:
+            v = statistics.median(rs)
+            g22.append("  [%s] %s: %s" % ("PASS" if ok(v) else "MISS", name, shown(v, rs)))
+
+    def rng(rs):
+        return " [%.2f-%.2f]" % (min(rs), max(rs)) if len(rs) > 1 else ""
+
+    def series(proxy, scen, metric):
+        return data.get((proxy, scen, metric), {})
+
+    rs = per_round_ratio(series("ingressd", "router_c64", "rps"), series("nginx", "router_c64", "rps"))
+    goal22("(22a) router c64 req/s >= 2x nginx+Lua", rs, lambda v: v >= 2.0,
+           lambda v, rs: "%.2fx%s (ingressd %.0f, nginx+Lua %.0f req/s)" % (
+               v, rng(rs), m("ingressd", "router_c64", "rps") or 0, m("nginx", "router_c64", "rps") or 0))
+    rs = per_round_ratio(series("ingressd", "router_c64", "cpu_us"), series("nginx", "router_c64", "cpu_us"))
+    goal22("(22b) router c64 CPU/req <= 0.5x nginx+Lua", rs, lambda v: v <= 0.5,
+           lambda v, rs: "%.3fx%s (ingressd %.1f, nginx+Lua %.1f us/req)" % (
+               v, rng(rs), m("ingressd", "router_c64", "cpu_us") or 0, m("nginx", "router_c64", "cpu_us") or 0))
+    rs = per_round_ratio(series("ingressd", "router_c64", "cpu_us"), series("ingressd", "plain_c64", "cpu_us"))
+    goal22("(22c) ingressd router-path CPU/req <= 1.3x its plain-path CPU/req (c64)", rs, lambda v: v <= 1.3,
+           lambda v, rs: "%.2fx%s (router %.1f, plain %.1f us/req)" % (
+               v, rng(rs), m("ingressd", "router_c64", "cpu_us") or 0, m("ingressd", "plain_c64", "cpu_us") or 0))
+    # per round: ingressd's plain CPU/req over the better (lower) of HAProxy's and nginx's
+    pi, ph, pn = (series(p, "plain_c64", "cpu_us") for p in ("ingressd", "haproxy", "nginx"))
+    best = {r: min(v for v in (ph.get(r), pn.get(r)) if v) for r in pi if ph.get(r) or pn.get(r)}
+    rs = per_round_ratio(pi, best) if pn else []
+    goal22("(22d) plain c64 CPU/req <= 0.9x the better of HAProxy and nginx", rs, lambda v: v <= 0.9,
+           lambda v, rs: "%.3fx%s (ingressd %.1f; HAProxy %.1f, nginx %.1f us/req)" % (
+               v, rng(rs), m("ingressd", "plain_c64", "cpu_us") or 0, m("haproxy", "plain_c64", "cpu_us") or 0,
+               m("nginx", "plain_c64", "cpu_us") or 0))
+    print()
+    print("goals (issue #22, against nginx + lua-nginx-module with pooled cosockets; MISS does not fail the run):")
+    print("\n".join(g22))
 
     if a.quick:
         print("(goals above: one short round, for information; only the quick gate below sets the exit status)")
@@ -380,7 +451,8 @@ def cmd_ab(a):
 
 def cmd_hedge(a):
     data = load(a.results)
-    proxies = [("haproxy", "HAProxy + Lua"), ("ingressd", "ingressd (hedge auto)"), ("nohedge", "ingressd (hedge off)")]
+    proxies = [("haproxy", "HAProxy + Lua"), ("nginx", "nginx + Lua (pooled)"), ("ingressd", "ingressd (hedge auto)"),
+               ("nohedge", "ingressd (hedge off)")]
     conds = [("healthy", "both routers healthy"), ("stall5", "one router: 5% of replies +50 ms"),
              ("slow20", "one router always +20 ms")]
     print("%-34s | %-22s | %-9s | %-8s | %-8s | %-16s | %-8s" % ("routers", "proxy", "req/s", "p50 ms", "p99 ms",
@@ -409,8 +481,10 @@ def cmd_hedge(a):
         h = p99_ratio.get(("haproxy", cond))
         if r is None:
             continue
-        print("  [%s] %s: ingressd p99 <= 1.5x its healthy p99: %.2fx (HAProxy: %s)" % (
-            "PASS" if r <= 1.5 else "FAIL", cond, r, "%.2fx" % h if h else "-"))
+        ng = p99_ratio.get(("nginx", cond))
+        print("  [%s] %s: ingressd p99 <= 1.5x its healthy p99: %.2fx (HAProxy: %s%s)" % (
+            "PASS" if r <= 1.5 else "FAIL", cond, r, "%.2fx" % h if h else "-",
+            ", nginx + Lua: %.2fx" % ng if ng else ""))
         hedged = med(data.get(("ingressd", "hedge_" + cond, "hedged_pct"), {}))
         if hedged is not None:
             print("  [%s] %s: extra router calls <= 10%% of requests: %.2f%%" % ("PASS" if hedged <= 10 else "FAIL",
@@ -438,6 +512,7 @@ def main():
     w.add_argument("--elapsed", type=float)
     w.add_argument("--load-core-busy", type=float)
     w.add_argument("--upstream-accepts", type=float)
+    w.add_argument("--upstream-requests", type=float)
     j = sub.add_parser("json")
     j.add_argument("--json", required=True)
     j.add_argument("--round", required=True)
