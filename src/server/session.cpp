@@ -123,38 +123,20 @@ void session::on_watch(error_code ec) {
     for (;;) {
       if (buf_.size() >= cap) break;  // full: stop watching, the next request is complete or too large
       auto room = buf_.prepare(std::min<std::size_t>(1024, cap - buf_.size()));
-      if (tls_) {
-        // TLS: the bytes may be a record that carries no data (a key update, an alert): waiting
-        // on the socket again is right after want_read, since OpenSSL has taken what it holds.
-        std::size_t got = 0;
-        error_code e;
-        const auto r = tls_->read_now(room.data(), room.size(), got, e);
-        if (r == tls::stream::io::ok) {
-          buf_.commit(got);
-          continue;
-        }
-        if (r == tls::stream::io::want_read) {
-          arm_watch();
-          return;
-        }
-        if (r == tls::stream::io::want_write) {
-          sock_.async_wait(tcp::socket::wait_write,
-                           [self = shared_from_this()](error_code ec2) { self->on_watch(ec2); });
-          return;
-        }
-        gone = true;
-        break;
-      }
-      const auto n = ::recv(sock_.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
-      if (n > 0) {
-        buf_.commit(static_cast<std::size_t>(n));
+      std::size_t got = 0;
+      const auto r = read_client_now(room, got);
+      if (r == client_read::data) {
+        buf_.commit(got);
         continue;
       }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (r == client_read::wait_read) {
         arm_watch();
         return;
       }
-      if (n < 0 && errno == EINTR) continue;
+      if (r == client_read::wait_write) {  // TLS: OpenSSL must write first (a key update's reply)
+        sock_.async_wait(tcp::socket::wait_write, [self = shared_from_this()](error_code e) { self->on_watch(e); });
+        return;
+      }
       gone = true;  // EOF or an error
       break;
     }
@@ -167,6 +149,29 @@ void session::on_watch(error_code ec) {
   }
   watch_ = watch::off;
   if (rq_) rq_->watch_done.cancel();
+}
+
+session::client_read session::read_client_now(asio::mutable_buffer room, std::size_t& got) {
+  if (tls_) {
+    // A readable socket may hold a record without data (a key update, an alert): after
+    // want_read OpenSSL has taken what it holds, so waiting on the socket again is right.
+    error_code ignored;
+    switch (tls_->read_now(room.data(), room.size(), got, ignored)) {
+      case tls::stream::io::ok: return client_read::data;
+      case tls::stream::io::want_read: return client_read::wait_read;
+      case tls::stream::io::want_write: return client_read::wait_write;
+      default: return client_read::gone;
+    }
+  }
+  for (;;) {
+    const auto n = ::recv(sock_.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
+    if (n > 0) {
+      got = static_cast<std::size_t>(n);
+      return client_read::data;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? client_read::wait_read : client_read::gone;
+  }
 }
 
 void session::park_watch() {

@@ -243,6 +243,10 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   // (EAGAIN) and then a new idle wait made two system calls.
   void start_watch();
   void arm_watch();
+  /// One read from the client that never waits (plain or TLS): bytes into `room` (`got`), or what
+  /// to wait for before the next try, or gone (EOF, reset, a TLS error).
+  enum class client_read : std::uint8_t { data, wait_read, wait_write, gone };
+  client_read read_client_now(asio::mutable_buffer room, std::size_t& got);
   void on_watch(error_code ec);
   awaitable<void> stop_watch();
   void park_watch();

@@ -177,7 +177,7 @@ stream::io stream::write_now(const void* p, std::size_t n, std::size_t& put, err
 bool stream::pending() const { return ssl_ != nullptr && SSL_has_pending(ssl_) == 1; }
 
 void stream::shutdown_now() {
-  if (ssl_ == nullptr || !SSL_is_init_finished(ssl_)) return;
+  if (ssl_ == nullptr || !SSL_is_init_finished(ssl_) || (SSL_get_shutdown(ssl_) & SSL_SENT_SHUTDOWN) != 0) return;
   ERR_clear_error();
   SSL_shutdown(ssl_);  // one try: queues close_notify and sends it if the socket takes it
   ERR_clear_error();
