@@ -270,7 +270,8 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
   }
   for (const auto& [key, state] : snap->states) keys.insert(key);
   // Removed endpoints get no new requests; their idle pooled connections are closed now.
-  pool_.retain([&](const std::string& key) { return keys.contains(key); });
+  pool_.set_endpoints([&](const std::string& key) { return keys.contains(key); },
+                      std::vector<std::string_view>(keys.begin(), keys.end()));
   routers_.retain([&](const std::string& key) { return keys.contains(key); });
   apps_ = std::move(next);
   snap_ = std::move(snap);

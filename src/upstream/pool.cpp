@@ -93,7 +93,16 @@ connection_ptr pool::take(const std::string& key, staleness check) {
 }
 
 void pool::put(connection_ptr c, unsigned scale) {
-  auto& v = idle_[c->key];
+  auto it = idle_.find(c->key);
+  if (it == idle_.end()) {
+    if (closed_set_) {  // its endpoint left the topology while the connection was in use
+      error_code ignored;
+      c->sock.close(ignored);
+      return;
+    }
+    it = idle_.try_emplace(c->key).first;
+  }
+  auto& v = it->second;
   if (v.size() >= std::size_t{max_idle_} * scale) {
     error_code ignored;
     c->sock.close(ignored);
@@ -117,6 +126,13 @@ void pool::retain(const std::function<bool(const std::string&)>& keep) {
   }
 }
 
+void pool::set_endpoints(const std::function<bool(const std::string&)>& keep,
+                         const std::vector<std::string_view>& keys) {
+  retain(keep);
+  for (const auto k : keys) idle_.try_emplace(std::string(k));
+  closed_set_ = true;
+}
+
 void pool::sweep(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration max_idle) {
   for (auto it = idle_.begin(); it != idle_.end();) {
     auto& v = it->second;
@@ -126,7 +142,8 @@ void pool::sweep(std::chrono::steady_clock::time_point now, std::chrono::steady_
       c->sock.close(ignored);
       return true;
     });
-    it = v.empty() ? idle_.erase(it) : std::next(it);
+    // After set_endpoints() an empty entry still marks an endpoint of the topology.
+    it = v.empty() && !closed_set_ ? idle_.erase(it) : std::next(it);
   }
 }
 

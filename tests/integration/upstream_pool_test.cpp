@@ -31,6 +31,26 @@ TEST(UpstreamPool, RouterConnectionsKeepScaleTimesTheCap) {
   EXPECT_EQ(p.idle_count(), 2u * router_pool_scale);
 }
 
+TEST(UpstreamPool, AConnectionToAnEndpointThatLeftTheTopologyIsClosedWhenItComesBack) {
+  asio::io_context ioc;
+  pool p(4);
+  const std::vector<std::string_view> keys{"10.0.0.1:8000", "10.0.0.2:8000"};
+  auto in = [&](const std::string& k) { return k == keys[0] || k == keys[1]; };
+  p.set_endpoints(in, keys);
+  p.put(open_connection(ioc, "10.0.0.1:8000"));
+  EXPECT_EQ(p.idle_count(), 1u);
+  // 10.0.0.2 leaves while one of its connections is in use; it comes back afterwards.
+  const std::vector<std::string_view> now{"10.0.0.1:8000"};
+  p.set_endpoints([&](const std::string& k) { return k == now[0]; }, now);
+  p.put(open_connection(ioc, "10.0.0.2:8000"));
+  EXPECT_EQ(p.idle_count(), 1u);
+  // An endpoint still in the topology keeps pooling, also after a sweep emptied its entry.
+  p.sweep(std::chrono::steady_clock::now() + std::chrono::hours(1), std::chrono::seconds(60));
+  EXPECT_EQ(p.idle_count(), 0u);
+  p.put(open_connection(ioc, "10.0.0.1:8000"));
+  EXPECT_EQ(p.idle_count(), 1u);
+}
+
 TEST(UpstreamPool, ZeroMeansNoPooling) {
   asio::io_context ioc;
   pool p(0);

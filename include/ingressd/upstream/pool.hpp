@@ -120,6 +120,10 @@ class pool {
   void put(connection_ptr c, unsigned scale = 1);
   /// Closes idle connections of endpoints for which keep(key) is false (topology change).
   void retain(const std::function<bool(const std::string&)>& keep);
+  /// The endpoints of the topology in force: idle connections to any other are closed now, and a
+  /// connection to another that comes back from a request (one that was in use when its replica
+  /// left the topology) is closed instead of pooled. Until the first call, any endpoint pools.
+  void set_endpoints(const std::function<bool(const std::string&)>& keep, const std::vector<std::string_view>& keys);
   /// Closes idle connections idle for longer than `max_idle` or found dead by a peek.
   void sweep(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::duration max_idle);
   void close_all();
@@ -129,7 +133,10 @@ class pool {
  private:
   static bool alive(connection& c);
   unsigned max_idle_;
+  /// By endpoint key; after set_endpoints(), exactly the topology's endpoints (empty vectors
+  /// included), so that put() needs no other lookup to refuse a removed one.
   std::unordered_map<std::string, std::vector<connection_ptr>> idle_;
+  bool closed_set_ = false;  ///< set_endpoints() was called: idle_'s keys are the allowed ones
 };
 
 }  // namespace ingressd::upstream
