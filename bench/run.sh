@@ -50,6 +50,7 @@ while (($#)); do
     --profile) PROFILE=$2; shift ;;
     --ab) AB=$2; shift ;;
     --hedge) HEDGE=1 ;;
+    --tls) shift; exec "$HERE/tls.sh" "$@" ;;   # the TLS termination benchmark (README "TLS termination")
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
