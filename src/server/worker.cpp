@@ -62,6 +62,7 @@ error_code worker::bind(const tcp::endpoint& ep, bool first, bool tls) {
   if (!ec) acceptor->bind(ep, ec);
   if (!ec && first) acceptor->set_option(reuse_port{}, ec);
   if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) acceptor->non_blocking(true, ec);  // accept_loop takes bursts without waiting
   if (!ec) port = acceptor->local_endpoint(ec).port();
   if (ec) acceptor.reset();
   return ec;
@@ -116,32 +117,43 @@ awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, bool tls) {
   accept_backoff backoff;
   while (acceptor.is_open()) {
     auto [ec, sock] = co_await acceptor.async_accept(ioc_, nothrow);  // typed executor: see session.hpp
+    // Then what else the listen queue holds, without waiting (the listener is non-blocking): one
+    // wake-up takes a burst, as HAProxy and nginx's multi_accept do, instead of one event-loop turn
+    // per connection while the others wait in the kernel's queue, where no timeout or metric sees
+    // them (strace under a burst of TLS handshakes: the queue at 23-56 of 64 where HAProxy's was 0).
+    for (unsigned n = 0; !ec && n < accept_batch; ++n) {
+      if (stopping_ || !acceptor.is_open()) co_return;
+      backoff.reset();
+      admit(std::move(sock), tls);
+      sock = decltype(sock)(ioc_);
+      acceptor.accept(sock, ec);
+    }
     if (stopping_ || !acceptor.is_open()) break;
-    if (ec) {
-      if (ec == asio::error::operation_aborted) break;
-      // Out of descriptors or memory: pause instead of spinning on a ready listener (hardening H1).
-      if (accept_starved(ec)) {
-        shared_.accept_errors.fetch_add(1, std::memory_order_relaxed);
-        const auto pause = backoff.next();
-        spdlog::warn("accept failed: {}; pausing {}ms", ec.message(), pause.count());
-        backoff_timer.expires_after(pause);
-        co_await backoff_timer.async_wait(nothrow);
-      }
-      continue;
+    if (!ec || ec == asio::error::would_block || ec == asio::error::try_again) continue;
+    if (ec == asio::error::operation_aborted) break;
+    // Out of descriptors or memory: pause instead of spinning on a ready listener (hardening H1).
+    if (accept_starved(ec)) {
+      shared_.accept_errors.fetch_add(1, std::memory_order_relaxed);
+      const auto pause = backoff.next();
+      spdlog::warn("accept failed: {}; pausing {}ms", ec.message(), pause.count());
+      backoff_timer.expires_after(pause);
+      co_await backoff_timer.async_wait(nothrow);
     }
-    backoff.reset();
-    auto open = shared_.connections.fetch_add(1, std::memory_order_relaxed) + 1;
-    if (open > cfg_->client.max_connections) {
-      shared_.connections.fetch_sub(1, std::memory_order_relaxed);
-      error_code ignored;
-      sock.set_option(asio::socket_base::linger(true, 0), ignored);
-      sock.close(ignored);
-      continue;
-    }
-    auto s = std::make_shared<session>(*this, std::move(sock), tls ? tls_ctx_->native() : nullptr);
-    add_session(*s);
-    s->start();
   }
+}
+
+void worker::admit(session::client_socket sock, bool tls) {
+  auto open = shared_.connections.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (open > cfg_->client.max_connections) {
+    shared_.connections.fetch_sub(1, std::memory_order_relaxed);
+    error_code ignored;
+    sock.set_option(asio::socket_base::linger(true, 0), ignored);
+    sock.close(ignored);
+    return;
+  }
+  auto s = std::make_shared<session>(*this, std::move(sock), tls ? tls_ctx_->native() : nullptr);
+  add_session(*s);
+  s->start();
 }
 
 awaitable<void> worker::sweep_loop() {

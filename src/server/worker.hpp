@@ -192,6 +192,10 @@ class worker {
  private:
   void event_loop();  // run(), with busy_poll_us spinning
   awaitable<void> accept_loop(tcp::acceptor& acceptor, bool tls);
+  /// At most this many connections are accepted per wake-up of a listener (then others run).
+  static constexpr unsigned accept_batch = 32;
+  /// A new client connection: a session, or a reset when client.max_connections are open.
+  void admit(asio::basic_stream_socket<tcp, asio::io_context::executor_type> sock, bool tls);
   awaitable<void> sweep_loop();
   awaitable<void> idle_loop();
 
