@@ -57,20 +57,12 @@ done
 [[ $TTFT_N =~ ^[0-9]+$ ]] || { echo "--ttft-n takes an integer (0 = skip)" >&2; exit 2; }
 ((DURATION < 3)) && WARMUP=1
 
-log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# shellcheck source=lib/common.sh
+source "$LIB/common.sh"
 
 # ------------------------------------------------------------------ dependencies
 need=(haproxy nginx wrk python3 iproute2 util-linux openssl gcc libc6-dev)
-missing=()
-for p in "${need[@]}"; do
-  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == "install ok installed" ]] || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  log "installing from Debian: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+install_missing "${need[@]}"
 [[ $(haproxy -vv 2>/dev/null) == *"Built with Lua"* ]] || { echo "this haproxy has no Lua support" >&2; exit 1; }
 [[ $(haproxy -vv 2>/dev/null) == *"+OPENSSL"* ]] || { echo "this haproxy has no OpenSSL support" >&2; exit 1; }
 HAP_VERSION=$(haproxy -v 2>/dev/null); HAP_VERSION=${HAP_VERSION%%$'\n'*}
@@ -85,11 +77,7 @@ NCPU=$(nproc)
 if ((NCPU >= 2)); then LOAD_CORE=0; PROXY_CORE=1
 else LOAD_CORE=0; PROXY_CORE=0; log "WARNING: 1 CPU: proxy and load share the core, numbers are not meaningful"; fi
 CLK_TCK=$(getconf CLK_TCK)
-if [ "${BENCH_NICE:--10}" != 0 ] && renice -n "${BENCH_NICE:--10}" -p $BASHPID >/dev/null 2>&1; then
-  PRIO="nice ${BENCH_NICE:--10}"
-else
-  PRIO="nice $(nice)"
-fi
+set_priority
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
 if ((IDLE_N + 2000 > NOFILE)); then
@@ -126,14 +114,7 @@ RESULTS=$TMP/results.tsv
 PIDS=()
 cleanup() {
   local rc=$?
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    local alive=0
-    for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    ((alive)) || break
-    sleep 0.2
-  done
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  kill_all
   wait 2>/dev/null || true
   if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
   exit $rc
@@ -141,23 +122,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-LAST_PID=""
-start_bg() { # name core cmd...
-  local name=$1 core=$2; shift 2
-  taskset -c "$core" "$@" >>"$TMP/$name.log" 2>&1 &
-  LAST_PID=$!
-  PIDS+=("$LAST_PID")
-}
-stop_pid() {
-  local pid=$1
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  local keep=()
-  for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
-  PIDS=("${keep[@]}")
-}
 
 # ------------------------------------------------------------------ certificates
 # Self-signed, made for this run: ECDSA P-256 and RSA 2048. ingressd reads cert + key files;
@@ -195,131 +159,15 @@ gcc -O2 -shared -fPIC -o "$TMP/wrk_noresume.so" "$TMP/wrk_noresume.c" >"$TMP/gcc
   { cat "$TMP/gcc.log" >&2; exit 1; }
 
 # ------------------------------------------------------------------ fakes: nginx replicas + routers (as bench/run.sh)
-mkdir -p "$TMP/nginx-tmp"
-{
-  cat <<EOF
-master_process off;
-daemon off;
-worker_rlimit_nofile $NOFILE;
-pid $TMP/nginx.pid;
-error_log $TMP/nginx-error.log warn;
-events { worker_connections $((NOFILE - 100)); use epoll; multi_accept on; }
-http {
-  access_log off;
-  server_tokens off;
-  default_type text/plain;
-  tcp_nodelay on;
-  keepalive_timeout 75s;
-  keepalive_requests 100000000;
-  client_body_temp_path $TMP/nginx-tmp/body;
-  proxy_temp_path $TMP/nginx-tmp/proxy;
-  fastcgi_temp_path $TMP/nginx-tmp/fastcgi;
-  uwsgi_temp_path $TMP/nginx-tmp/uwsgi;
-  scgi_temp_path $TMP/nginx-tmp/scgi;
-  split_clients "\${request_id}" \$random_pick { 25% r1; 25% r2; 25% r3; * r4; }
-  map \$http_x_session_id \$pick { r1 r1; r2 r2; r3 r3; r4 r4; default \$random_pick; }
-  map \$pick \$pick_port {
-EOF
-  for i in 0 1 2 3; do echo "    ${REPLICA_NAMES[$i]} ${REPLICA_PORTS[$i]};"; done
-  echo "  }"
-  for i in 0 1 2 3; do
-    cat <<EOF
-  server {   # data-plane replica SERVE_REPLICA::llm#LLMServer#${REPLICA_NAMES[$i]} (64-byte body)
-    listen 127.0.0.1:${REPLICA_PORTS[$i]} backlog=4096;
-    location = /-/healthz { return 200 "success"; }
-    location = /bench/echo { return 200 "replica=${REPLICA_NAMES[$i]} xff=\$http_x_forwarded_for proto=\$http_x_forwarded_proto rid=\$http_x_request_id\n"; }
-    location / { default_type application/json; return 200 '{"id":"cmpl-bench","object":"chat.completion","replica":"${REPLICA_NAMES[$i]}"}\n'; }
-  }
-EOF
-  done
-  for p in "${ROUTER_PORTS[@]}"; do
-    cat <<EOF
-  server {   # ingress request router of app llm (LLMRouter reply shape)
-    listen $NODE_IP:$p backlog=4096;
-    location = /internal/route {
-      default_type application/json;
-      return 200 '{"host":"127.0.0.1","port":\$pick_port,"replica_id":"SERVE_REPLICA::llm#LLMServer#\$pick"}';
-    }
-    location = /health { default_type application/json; return 200 '{"status":"ok"}'; }
-  }
-EOF
-  done
-  cat <<EOF
-  server {   # connection counter: accepted connections over all fakes (new upstream conns)
-    listen 127.0.0.1:$P_STATUS;
-    location = /status { stub_status; }
-  }
-  server {   # ingress request router of app stream: its only replica is the Python SSE server
-    listen $NODE_IP:$P_SSE_ROUTER backlog=4096;
-    location = /internal/route {
-      default_type application/json;
-      return 200 '{"host":"127.0.0.1","port":$P_SSE,"replica_id":"SERVE_REPLICA::stream#LLMServer#s1"}';
-    }
-  }
-}
-EOF
-} >"$TMP/nginx.conf"
+render_nginx_fakes 1 >"$TMP/nginx.conf"
 
 # ------------------------------------------------------------------ topology (Ray JSON) for ingressd (as bench/run.sh)
-python3 - "$TMP/topology.json" "$NODE_IP" "$P_SSE" "$P_SSE_ROUTER" \
-  "${REPLICA_PORTS[*]}" "${ROUTER_PORTS[*]}" "${REPLICA_NAMES[*]}" <<'EOF'
-import json, sys
-out, node_ip, p_sse, p_sse_router, rports, qports, names = sys.argv[1:]
-t = lambda ip, port, name: {"ip": ip, "port": int(port), "instance_id": "bench-node", "name": name}
-doc = {"target_groups": [
-    {"app_name": "llm", "route_prefix": "/", "protocol": "HTTP",
-     "ingress_deployment_name": "LLMServer",
-     "targets": [t("127.0.0.1", p, "SERVE_REPLICA::llm#LLMServer#" + n)
-                 for p, n in zip(rports.split(), names.split())],
-     "ingress_request_router_targets": [t(node_ip, p, "SERVE_REPLICA::llm#LLMRouter#q%d" % (i + 1))
-                                        for i, p in enumerate(qports.split())]},
-    {"app_name": "stream", "route_prefix": "/stream", "protocol": "HTTP",
-     "ingress_deployment_name": "LLMServer",
-     "targets": [t("127.0.0.1", p_sse, "SERVE_REPLICA::stream#LLMServer#s1")],
-     "ingress_request_router_targets": [t(node_ip, p_sse_router, "SERVE_REPLICA::stream#LLMRouter#q1")]},
-]}
-json.dump(doc, open(out, "w"), indent=1)
-EOF
+render_topology "$TMP/topology.json"
 
-cat >"$TMP/ingressd.yaml" <<EOF
-# benchmark settings (as bench/run.sh): no access log, quick stop, keep-alive as long as HAProxy's;
-# TLS: the defaults (min_version 1.2, ciphers, ciphersuites; tickets on)
-log_level: warn
-access_log: "off"
-client:
-  keepalive_timeout: 75s
-drain:
-  min_period: 0s
-  timeout: 0s
-EOF
-if [ -n "${BENCH_INGRESSD_YAML:-}" ]; then printf '%s\n' "$BENCH_INGRESSD_YAML" >>"$TMP/ingressd.yaml"; fi
+ingressd_yaml >"$TMP/ingressd.yaml"   # TLS: the defaults (min_version 1.2, ciphers, ciphersuites; tickets on)
 
 # ------------------------------------------------------------------ HAProxy + Lua (Ray's rendering, as bench/run.sh) + a TLS bind
-safe_name() {
-  python3 -c 'import re,sys; print(re.sub(r"[^A-Za-z0-9._-]+", "_", sys.argv[1].replace("#", "-").replace("/", ".")))' "$1"
-}
-{
-  echo "-- generated by bench/tls.sh: the tables HAProxyManager renders into the Ray Lua template"
-  echo "IRR_TIMEOUT_S = 5"
-  echo "IRR_FORWARD_BODY = false"
-  echo 'IRR_SESSION_HEADER = "x-session-id"'
-  echo "IRR_ROUTERS = {"
-  echo "  [\"http-llm\"] = {"
-  for p in $(printf '%s\n' "${ROUTER_PORTS[@]}" | sort -n); do
-    echo "    { host = \"$NODE_IP\", port = $p, host_header = \"$NODE_IP:$p\" },"
-  done
-  echo "  },"
-  echo "  [\"http-stream\"] = { { host = \"$NODE_IP\", port = $P_SSE_ROUTER, host_header = \"$NODE_IP:$P_SSE_ROUTER\" } },"
-  echo "}"
-  echo "IRR_REPLICA_TARGETS = {"
-  echo "  [\"http-llm\"] = {"
-  for n in "${REPLICA_NAMES[@]}"; do
-    echo "    [\"SERVE_REPLICA::llm#LLMServer#$n\"] = \"$(safe_name "SERVE_REPLICA::llm#LLMServer#$n")\","
-  done
-  echo "  },"
-  echo "  [\"http-stream\"] = { [\"SERVE_REPLICA::stream#LLMServer#s1\"] = \"$(safe_name "SERVE_REPLICA::stream#LLMServer#s1")\" },"
-  echo "}"
-} >"$TMP/irr_tables.lua"
+render_irr_tables tls.sh >"$TMP/irr_tables.lua"
 cp "$HERE/haproxy/ingress_request_router.lua" "$TMP/ingress_request_router.lua"
 
 # ingressd's TLS defaults (docs/configuration.md tls.ciphers, tls.ciphersuites, tls.min_version),
@@ -368,40 +216,8 @@ frontend http_frontend
   http-request set-header X-Forwarded-Proto https if { ssl_fc }
   http-request set-header X-Forwarded-Proto http if !{ ssl_fc }
   http-request set-header X-Request-Id %[unique-id] unless { req.hdr(x-request-id) -m found }
-  acl is_http-stream path /stream
-  acl is_http-stream path_beg /stream/
-  acl is_http-llm path_beg /
-  http-request set-var(txn.ingress_request_router_app) str(http-stream) if is_http-stream !{ var(txn.ingress_request_router_app) -m found }
-  http-request set-var(txn.ingress_request_router_app) str(http-llm) if is_http-llm !{ var(txn.ingress_request_router_app) -m found }
-  http-request lua.route_via_ingress_request_router if METH_POST { var(txn.ingress_request_router_app) -m found }
-  http-request return status 503 content-type text/plain lf-string "Ingress request router failed: %[var(txn.ingress_request_router_failed)]" hdr X-Serve-Reason "%[var(txn.ingress_request_router_failed)]" if { var(txn.ingress_request_router_failed) -m found }
-  use_backend http-stream-via-ingress-request-router if is_http-stream { var(txn.via_ingress_request_router) -m bool }
-  use_backend http-stream if is_http-stream
-  use_backend http-llm-via-ingress-request-router if is_http-llm { var(txn.via_ingress_request_router) -m bool }
-  use_backend http-llm if is_http-llm
-
 EOF
-  local app
-  for app in llm stream; do
-    local servers=() ports=()
-    if [ $app = llm ]; then
-      for i in 0 1 2 3; do servers+=("$(safe_name "SERVE_REPLICA::llm#LLMServer#${REPLICA_NAMES[$i]}")"); ports+=("${REPLICA_PORTS[$i]}"); done
-    else
-      servers+=("$(safe_name "SERVE_REPLICA::stream#LLMServer#s1")"); ports+=("$P_SSE")
-    fi
-    echo "backend http-$app"
-    echo "  option httpchk GET /-/healthz"
-    echo "  http-check expect status 200"
-    echo "  default-server inter 5s fastinter 250ms downinter 250ms fall 2 rise 2"
-    for i in "${!servers[@]}"; do echo "  server ${servers[$i]} 127.0.0.1:${ports[$i]} check"; done
-    echo
-    echo "backend http-$app-via-ingress-request-router"
-    for s in "${servers[@]}"; do
-      echo "  use-server $s if { var(txn.ingress_request_router_target) -m str $s }"
-    done
-    for i in "${!servers[@]}"; do echo "  server ${servers[$i]} 127.0.0.1:${ports[$i]} track http-$app/${servers[$i]}"; done
-    echo
-  done
+  haproxy_routing
 }
 for kt in ecdsa rsa; do
   haproxy_cfg "$TMP/$kt.pem" >"$TMP/haproxy-$kt.cfg"
@@ -451,26 +267,9 @@ print("not ready on %s://127.0.0.1:%d: %s" % (scheme, port, last), file=sys.stde
 sys.exit(1)
 EOF
 }
-wait_port() { # host port
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "nothing listening on $1:$2" >&2; return 1
-}
 # CPU of a proxy (one process each: ingressd, HAProxy -db), as bench/run.sh measures it
 cpu_ticks() { awk '{printf "%d", $14 + $15}' /proc/"$1"/stat 2>/dev/null || echo 0; }
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%d", s}'; }
-core_sample() { awk -v c="cpu$1" '$1 == c {b = 0; for (i = 2; i <= NF; i++) b += $i; print b - $5 - $6, b}' /proc/stat; }
-busy_pct() { awk -v a="$1" -v b="$2" 'BEGIN{split(a,x," "); split(b,y," "); d=y[2]-x[2]; print (d>0 ? 100*(y[1]-x[1])/d : 0)}'; }
-nginx_counts() { # connections accepted and requests served so far by the nginx fakes, "ACCEPTS REQUESTS"
-  local n
-  exec 3<>"/dev/tcp/127.0.0.1/$P_STATUS"
-  printf 'GET /status HTTP/1.0\r\nHost: x\r\n\r\n' >&3
-  n=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9]+ *\r?$/ {print $1, $3}' <&3)
-  exec 3<&-
-  echo "${n:-0 0}"
-}
 # tls_counts PROXY: the proxy's own count of handshakes so far, "FULL RESUMED FAILED"
 # (ingressd: /metrics ingressd_tls_*; HAProxy: the frontend's ssl_sess, ssl_reused_sess,
 # ssl_failed_handshake from its stats socket)
@@ -699,6 +498,16 @@ run_ttft() { # round proxy|direct: SSE time to first event through the router pa
   return 0
 }
 
+# wrk_each ROUND SCENARIO https|http PATH [wrk args...]: run_wrk on each proxy in ORDER, on its
+# TLS or plain port, with CONNS connections (WRK_PRELOAD passes through)
+wrk_each() {
+  local round=$1 scen=$2 scheme=$3 path=$4 p port; shift 4
+  for p in "${ORDER[@]}"; do
+    if [ "$scheme" = https ]; then port=$(tls_port "$p"); else port=$(plain_port "$p"); fi
+    run_wrk "$round" "$p" "$(proxy_pid "$p")" "$scen" "$scheme://127.0.0.1:$port$path" "$CONNS" "$@"
+  done
+}
+
 # ------------------------------------------------------------------ run
 T_START=$(date +%s)
 log "temp dir $TMP; ingressd $ING_SRC (copied, $(stat -c %y "$ING_SRC" | cut -d. -f1); GLIBC_TUNABLES=${ING_TUNABLES:-unset}); $HAP_VERSION; $(openssl version)"
@@ -726,41 +535,21 @@ for ((r = 1; r <= ROUNDS; r++)); do
     for p in "${ORDER[@]}"; do run_ttft "$r" "$p"; done
   fi
   # kept-alive TLS: plain path (GET, replica only) and router path (POST: router call + replica)
-  for p in "${ORDER[@]}"; do
-    run_wrk "$r" "$p" "$(proxy_pid "$p")" ka_plain "https://127.0.0.1:$(tls_port "$p")$GET_PATH" "$CONNS"
-  done
-  for p in "${ORDER[@]}"; do
-    run_wrk "$r" "$p" "$(proxy_pid "$p")" ka_router "https://127.0.0.1:$(tls_port "$p")$POST_PATH" "$CONNS" -s "$TMP/post.lua"
-  done
+  wrk_each "$r" ka_plain https "$GET_PATH"
+  wrk_each "$r" ka_router https "$POST_PATH" -s "$TMP/post.lua"
   # the same over plain HTTP (reference: what TLS adds per kept-alive request)
-  for p in "${ORDER[@]}"; do
-    run_wrk "$r" "$p" "$(proxy_pid "$p")" http_plain "http://127.0.0.1:$(plain_port "$p")$GET_PATH" "$CONNS"
-  done
-  for p in "${ORDER[@]}"; do
-    run_wrk "$r" "$p" "$(proxy_pid "$p")" http_router "http://127.0.0.1:$(plain_port "$p")$POST_PATH" "$CONNS" -s "$TMP/post.lua"
-  done
+  wrk_each "$r" http_plain http "$GET_PATH"
+  wrk_each "$r" http_router http "$POST_PATH" -s "$TMP/post.lua"
   # a new connection per request: full TLS handshakes (wrk's session reuse off), wrk's own
   # resumption (reference), plain HTTP (reference: the TCP and HTTP part of a new connection)
-  for p in "${ORDER[@]}"; do
-    WRK_PRELOAD=$TMP/wrk_noresume.so run_wrk "$r" "$p" "$(proxy_pid "$p")" hs_ecdsa \
-      "https://127.0.0.1:$(tls_port "$p")$GET_PATH" "$CONNS" -H 'Connection: close'
-  done
-  for p in "${ORDER[@]}"; do
-    run_wrk "$r" "$p" "$(proxy_pid "$p")" hs_ecdsa_resumed \
-      "https://127.0.0.1:$(tls_port "$p")$GET_PATH" "$CONNS" -H 'Connection: close'
-  done
-  for p in "${ORDER[@]}"; do
-    run_wrk "$r" "$p" "$(proxy_pid "$p")" conn_http \
-      "http://127.0.0.1:$(plain_port "$p")$GET_PATH" "$CONNS" -H 'Connection: close'
-  done
+  WRK_PRELOAD=$TMP/wrk_noresume.so wrk_each "$r" hs_ecdsa https "$GET_PATH" -H 'Connection: close'
+  wrk_each "$r" hs_ecdsa_resumed https "$GET_PATH" -H 'Connection: close'
+  wrk_each "$r" conn_http http "$GET_PATH" -H 'Connection: close'
   stop_proxies
 
   start_proxies rsa
   if ((r == 1)); then for p in "${ORDER[@]}"; do check_setup "$p"; done; fi
-  for p in "${ORDER[@]}"; do
-    WRK_PRELOAD=$TMP/wrk_noresume.so run_wrk "$r" "$p" "$(proxy_pid "$p")" hs_rsa \
-      "https://127.0.0.1:$(tls_port "$p")$GET_PATH" "$CONNS" -H 'Connection: close'
-  done
+  WRK_PRELOAD=$TMP/wrk_noresume.so wrk_each "$r" hs_rsa https "$GET_PATH" -H 'Connection: close'
   stop_proxies
 done
 

@@ -8,37 +8,14 @@ connection open and idle, waits for the proxy to settle, reads VmRSS again and p
 (RSS_N - RSS_0) / N as JSON. A sample of the connections is then checked to be still open.
 Raises its own RLIMIT_NOFILE to the hard limit.
 """
-import json
 import resource
 import selectors
 import socket
 import ssl
-import sys
 import time
 
 import memtest
-
-
-def read_response(s):
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        d = s.recv(4096)
-        if not d:
-            raise ConnectionError("closed")
-        buf += d
-    head, body = buf.split(b"\r\n\r\n", 1)
-    status = int(head.split(b" ", 2)[1])
-    cl = 0
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length":
-            cl = int(v)
-    while len(body) < cl:
-        d = s.recv(4096)
-        if not d:
-            raise ConnectionError("closed in body")
-        body += d
-    return status
+from idle_conns import batches, begin, finish, read_response
 
 
 def handshake_all(socks, timeout):
@@ -95,14 +72,11 @@ def main():
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    req = b"GET %s HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (args.path.encode(), args.host.encode(), args.port)
-    time.sleep(args.settle)
-    rss0 = memtest.rss_kib(args.pid)
+    req, rss0, t0 = begin(args)
     socks, failed, non200 = [], 0, 0
-    t0 = time.monotonic()
-    for start in range(0, args.n, args.batch):
+    for size in batches(args):
         batch = []
-        for _ in range(min(args.batch, args.n - start)):
+        for _ in range(size):
             try:
                 raw = socket.create_connection((args.host, args.port), timeout=10)
                 raw.setblocking(False)
@@ -125,33 +99,7 @@ def main():
             except OSError:
                 failed += 1
                 s.close()
-    open_s = time.monotonic() - t0
-    time.sleep(args.settle)
-    rss_n = memtest.rss_kib(args.pid)
-    # liveness sample: an open idle TLS connection has no application data (at most the session
-    # tickets, which the TLS layer consumes): want-read; EOF or an error means it was closed
-    closed = 0
-    sample = socks[::max(1, len(socks) // 200)]
-    for s in sample:
-        s.setblocking(False)
-        try:
-            if s.recv(1) == b"":
-                closed += 1
-        except (ssl.SSLWantReadError, BlockingIOError):
-            pass
-        except OSError:
-            closed += 1
-    held = len(socks)
-    for s in socks:
-        s.close()
-    out = {
-        "n": args.n, "held": held, "failed": failed, "non200": non200, "request": args.request,
-        "closed_in_sample": closed, "sampled": len(sample),
-        "open_seconds": round(open_s, 2), "rss0_kib": rss0, "rssN_kib": rss_n,
-        "bytes_per_conn": round((rss_n - rss0) * 1024.0 / held, 1) if held else None,
-    }
-    print(json.dumps(out))
-    sys.exit(0 if held == args.n and not failed else 3)
+    finish(args, socks, failed, non200, t0, rss0, {"request": args.request})
 
 
 if __name__ == "__main__":

@@ -13,36 +13,12 @@
       ratios ingressd/HAProxy [min-max]), then the issue's goals with PASS/MISS
 """
 import argparse
-import json
-import re
 import statistics
-from collections import defaultdict
 
-UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+# the wrk parsing, JSON rows and table cells of bench/run.sh's report (same directory)
+from report import cmd_json, fmt_cell, load, med, parse_wrk, per_round_ratio, ratio_cell
+
 PROXIES = ("ingressd", "haproxy")
-
-
-def to_ms(text):
-    m = re.match(r"([\d.]+)(us|ms|s|m|h)$", text.strip())
-    return float(m.group(1)) * UNIT[m.group(2)] if m else None
-
-
-def parse_wrk(text):
-    out = {}
-    m = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", text)
-    if not m:
-        raise SystemExit("wrk output has no request count:\n" + text)
-    out["requests"] = int(m.group(1))
-    out["seconds"] = float(m.group(2)) * UNIT[m.group(3)] / 1000.0
-    for pct in ("50", "99"):
-        mm = re.search(r"^\s+%s(?:\.0+)?%%\s+(\S+)" % pct, text, re.M)
-        if mm:
-            out["p%s_ms" % pct] = to_ms(mm.group(1))
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    out["non2xx"] = int(non2xx.group(1)) if non2xx else 0
-    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
-    out["sock_errors"] = sum(int(x) for x in sock.groups()) if sock else 0
-    return out
 
 
 def cmd_wrk(a):
@@ -86,71 +62,23 @@ def cmd_wrk(a):
             print("%s\t%s\t%s\t%s\t%.6g" % (a.round, a.proxy, a.scenario, k, v))
 
 
-def cmd_json(a):
-    obj = json.loads(a.json)
-    keys = a.keys.split(",") if a.keys else list(obj)
-    for k in keys:
-        v = obj.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            print("%s\t%s\t%s\t%s\t%.6g" % (a.round, a.proxy, a.scenario, k, v))
-
-
 # ---------------------------------------------------------------- table
 
-def load(path):
-    data = defaultdict(dict)  # (proxy, scenario, metric) -> {round: value}
-    with open(path) as f:
-        for line in f:
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) == 5:
-                rnd, proxy, scen, metric, val = parts
-                data[(proxy, scen, metric)][rnd] = float(val)
-    return data
-
-
-def med(d):
-    return statistics.median(d.values()) if d else None
-
-
-def fmt_cell(d, f):
-    if not d:
-        return "-"
-    m = f % med(d)
-    if len(d) > 1:
-        m += " [%s-%s]" % (f % min(d.values()), f % max(d.values()))
-    return m
-
-
-def per_round_ratio(a, b):
-    return [a[r] / b[r] for r in a if r in b and b[r]]
-
-
-def ratio_cell(rs):
-    if not rs:
-        return "-"
-    cell = "%.2f" % statistics.median(rs)
-    if len(rs) > 1:
-        cell += " [%.2f-%.2f]" % (min(rs), max(rs))
-    return cell
+def handshake_rows(scen, kt):
+    """Table 1's rows of one key type's full handshakes."""
+    return [(scen, "rps", kt + ", full handshakes/s", "%.0f", True),
+            (scen, "cpu_us", kt + ": proxy CPU us/handshake", "%.1f", True),
+            (scen, "p99_ms", kt + ": p99 ms", "%.2f", True),
+            (scen, "cap", kt + ": CPU-bound ceiling, handshakes/s", "%.0f", True),
+            (scen, "core_busy", kt + ": proxy core busy %", "%.0f", False),
+            (scen, "listen_queue", kt + ": listen queue mid-run (conns)", "%.0f", False),
+            (scen, "resumed_pct", kt + ": resumed % (proxy's count)", "%.1f", False)]
 
 
 TABLES = [
     ("1. New TLS connections: one GET /v1/models per connection (Connection: close), proxied to a replica",
-     [("hs_ecdsa", "rps", "ECDSA P-256, full handshakes/s", "%.0f", True),
-      ("hs_ecdsa", "cpu_us", "ECDSA P-256: proxy CPU us/handshake", "%.1f", True),
-      ("hs_ecdsa", "p99_ms", "ECDSA P-256: p99 ms", "%.2f", True),
-      ("hs_ecdsa", "cap", "ECDSA P-256: CPU-bound ceiling, handshakes/s", "%.0f", True),
-      ("hs_ecdsa", "core_busy", "ECDSA P-256: proxy core busy %", "%.0f", False),
-      ("hs_ecdsa", "listen_queue", "ECDSA P-256: listen queue mid-run (conns)", "%.0f", False),
-      ("hs_ecdsa", "resumed_pct", "ECDSA P-256: resumed % (proxy's count)", "%.1f", False),
-      ("hs_rsa", "rps", "RSA 2048, full handshakes/s", "%.0f", True),
-      ("hs_rsa", "cpu_us", "RSA 2048: proxy CPU us/handshake", "%.1f", True),
-      ("hs_rsa", "p99_ms", "RSA 2048: p99 ms", "%.2f", True),
-      ("hs_rsa", "cap", "RSA 2048: CPU-bound ceiling, handshakes/s", "%.0f", True),
-      ("hs_rsa", "core_busy", "RSA 2048: proxy core busy %", "%.0f", False),
-      ("hs_rsa", "listen_queue", "RSA 2048: listen queue mid-run (conns)", "%.0f", False),
-      ("hs_rsa", "resumed_pct", "RSA 2048: resumed % (proxy's count)", "%.1f", False),
-      ("hs_ecdsa_resumed", "rps", "ref: ECDSA, wrk's resumption: conns/s", "%.0f", True),
+     handshake_rows("hs_ecdsa", "ECDSA P-256") + handshake_rows("hs_rsa", "RSA 2048") +
+     [("hs_ecdsa_resumed", "rps", "ref: ECDSA, wrk's resumption: conns/s", "%.0f", True),
       ("hs_ecdsa_resumed", "cpu_us", "ref: ECDSA, wrk's resumption: CPU us/conn", "%.1f", True),
       ("hs_ecdsa_resumed", "resumed_pct", "ref: ECDSA, wrk's resumption: resumed %", "%.1f", False),
       ("conn_http", "rps", "ref: plain HTTP, new conn/request: conns/s", "%.0f", True),
@@ -239,30 +167,30 @@ def cmd_table(a):
     d = data.get(("direct", "sse_tls", "ttft_p50_ms"), {})
     if d:
         notes.append("direct SSE TTFT p50 (client -> SSE replica, plain HTTP, no proxy): %s ms" % fmt_cell(d, "%.3f"))
-    for scen in LOAD_SCENARIOS:
-        cells = []
-        for proxy in PROXIES:
-            cp = data.get((proxy, scen, "cpu_pct"), {})
-            fo = data.get((proxy, scen, "foreign_pct"), {})
-            lb = data.get((proxy, scen, "load_core_busy"), {})
-            nc = data.get((proxy, scen, "new_conns_per_req"), {})
-            if cp:
-                cells.append("%s %s %% (others %s %%; load core %s %%; new upstream conns/req %s)" % (
-                    proxy, fmt_cell(cp, "%.0f"), fmt_cell(fo, "%.0f"), fmt_cell(lb, "%.0f"), fmt_cell(nc, "%.3f")))
-        if cells:
-            notes.append("proxy's share of its core, %s: %s" % (scen, "; ".join(cells)))
-    for scen in ("hs_ecdsa", "hs_rsa", "hs_ecdsa_resumed"):
-        cells = []
-        for proxy in PROXIES:
-            fu = data.get((proxy, scen, "tls_full"), {})
-            re_ = data.get((proxy, scen, "tls_resumed"), {})
-            fa = data.get((proxy, scen, "tls_failed"), {})
-            hr = data.get((proxy, scen, "hs_per_req"), {})
-            if fu or re_:
-                cells.append("%s full %d, resumed %d, failed %d, handshakes/request %s" % (
-                    proxy, sum(fu.values()), sum(re_.values()), sum(fa.values()), fmt_cell(hr, "%.3f")))
-        if cells:
-            notes.append("handshakes counted by the proxies, %s (all rounds): %s" % (scen, "; ".join(cells)))
+
+    def per_proxy_notes(scens, title, cell):
+        """One note per scenario: title % scen, then cell(proxy, metric -> {round: value}) of each
+        proxy that has one."""
+        for scen in scens:
+            cells = []
+            for proxy in PROXIES:
+                c = cell(proxy, lambda metric: data.get((proxy, scen, metric), {}))
+                if c:
+                    cells.append(c)
+            if cells:
+                notes.append("%s: %s" % (title % scen, "; ".join(cells)))
+
+    per_proxy_notes(LOAD_SCENARIOS, "proxy's share of its core, %s", lambda proxy, d: (
+        "%s %s %% (others %s %%; load core %s %%; new upstream conns/req %s)" % (
+            proxy, fmt_cell(d("cpu_pct"), "%.0f"), fmt_cell(d("foreign_pct"), "%.0f"),
+            fmt_cell(d("load_core_busy"), "%.0f"), fmt_cell(d("new_conns_per_req"), "%.3f"))
+        if d("cpu_pct") else None))
+    per_proxy_notes(("hs_ecdsa", "hs_rsa", "hs_ecdsa_resumed"), "handshakes counted by the proxies, %s (all rounds)",
+                    lambda proxy, d: (
+        "%s full %d, resumed %d, failed %d, handshakes/request %s" % (
+            proxy, sum(d("tls_full").values()), sum(d("tls_resumed").values()), sum(d("tls_failed").values()),
+            fmt_cell(d("hs_per_req"), "%.3f"))
+        if d("tls_full") or d("tls_resumed") else None))
     fo = [v for (proxy, scen, metric), dd in data.items() if metric == "foreign_pct" for v in dd.values()]
     if fo and (statistics.median(fo) > 10 or max(fo) > 25):
         notes.append("WARNING: other processes used the proxy core during the runs (median %.0f %%, max %.0f %%): "
