@@ -121,10 +121,11 @@ awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, bool tls) {
     // wake-up takes a burst, as HAProxy and nginx's multi_accept do, instead of one event-loop turn
     // per connection while the others wait in the kernel's queue, where no timeout or metric sees
     // them (strace under a burst of TLS handshakes: the queue at 23-56 of 64 where HAProxy's was 0).
-    for (unsigned n = 0; !ec && n < accept_batch; ++n) {
+    for (unsigned n = 1; !ec; ++n) {
       if (stopping_ || !acceptor.is_open()) co_return;
       backoff.reset();
       admit(std::move(sock), tls);
+      if (n == accept_batch) break;  // before accepting one more: it would have no taker
       sock = decltype(sock)(ioc_);
       acceptor.accept(sock, ec);
     }
