@@ -261,11 +261,7 @@ EOF
   render_nginx "$TMP/ngx-unreachable" $P_NGX_CHECK 1 "$TMP/topology-unreachable.json"
 fi
 
-cat >"$TMP/post.lua" <<'EOF'
-wrk.method = "POST"
-wrk.body = '{"model":"llm","stream":false,"max_tokens":16,"messages":[{"role":"user","content":"Say hello."}]}'
-wrk.headers["Content-Type"] = "application/json"
-EOF
+write_post_lua "$TMP/post.lua"
 
 # ------------------------------------------------------------------ helpers
 # probe HOST PORT: until the router path (POST) and the plain path (GET) both answer 200

@@ -229,11 +229,7 @@ done
 # timeout does not change what an open connection holds; 120 s keeps them all open.
 haproxy_cfg "$TMP/ecdsa.pem" 120s >"$TMP/haproxy-ecdsa-idle.cfg"
 
-cat >"$TMP/post.lua" <<'EOF'
-wrk.method = "POST"
-wrk.body = '{"model":"llm","stream":false,"max_tokens":16,"messages":[{"role":"user","content":"Say hello."}]}'
-wrk.headers["Content-Type"] = "application/json"
-EOF
+write_post_lua "$TMP/post.lua"
 
 # ------------------------------------------------------------------ helpers
 # probe SCHEME PORT: until the router path (POST), the plain path (GET) and the stream app answer 200

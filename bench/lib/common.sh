@@ -5,6 +5,15 @@
 
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# write_post_lua FILE: the router path's wrk script, the same chat-completion POST for every proxy
+write_post_lua() {
+  cat >"$1" <<'EOF'
+wrk.method = "POST"
+wrk.body = '{"model":"llm","stream":false,"max_tokens":16,"messages":[{"role":"user","content":"Say hello."}]}'
+wrk.headers["Content-Type"] = "application/json"
+EOF
+}
+
 # install_missing PKG...: installs from Debian the packages dpkg does not have
 install_missing() {
   local p missing=() sudo=""
