@@ -5,7 +5,6 @@
 """
 
 import hashlib
-import json
 import os
 import queue
 import sys
