@@ -263,6 +263,10 @@ run_unary() {
   emit "$round" "$proxy" "$scen" lat_mean_ms "$(awk '/^time for request:/ {v=$6; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) sub(/ms/,"",v); else {sub(/s$/,"",v); v*=1000}; printf "%.3f", v}' "$out")"
   emit "$round" "$proxy" "$scen" errors "$(( ${failed:-0} + ${errored:-0} + ${non2xx:-0} ))"
   emit "$round" "$proxy" "$scen" replica_per_call "$(awk -v a=$((u1 - u0)) -v b="$ok" 'BEGIN{printf "%.3f", b ? a/b : 0}')"
+  # calls the replica served beyond those h2load completed: the ones in flight when h2load (and its
+  # warm-up run) stopped, at most 2 x the streams; fewer than h2load's would mean answers that
+  # did not come from the replica
+  emit "$round" "$proxy" "$scen" replica_extra $((u1 - u0 - ok))
   emit "$round" "$proxy" "$scen" upstream_conns_new $((k1 - k0 - 1))   # less the second Stats call's own connection
   emit "$round" "$proxy" "$scen" upstream_conns_open $((open - 1))   # less the Stats call's own
   emit "$round" "$proxy" "$scen" load_core_busy "$(busy_pct "$l0" "$l1")"
