@@ -15,7 +15,9 @@ Service test.Echo:
                     message 0 is sent, then the stream waits for Control/Release {"id"}.
   ClientStream  -> {"replica", "count", "bytes", "sha256" of the concatenated messages}
   Bidi          -> each message echoed unchanged as it arrives
-  Fail          {"code", "details", "trailer": {k: v}} -> that status, details and trailing metadata
+  Fail          {"code", "details", "trailer": {k: v}, "initial_metadata"?} -> that status, details
+                    and trailing metadata; with "initial_metadata": false no x-replica is sent first,
+                    so grpc answers trailers-only (one HEADERS frame with END_STREAM)
   Hang          {"id"} -> blocks until the call is cancelled or its deadline passes; records id
 Service test.Control (these never count as replica traffic in the sense of a test, but are counted):
   WaitStarted   {"id", "timeout"} -> {"started": bool}  (a Hang or ServerStream with that id began)
@@ -153,15 +155,16 @@ class Replica:
             yield message
 
     def fail(self, request, context):
-        self._hello(context, "/test.Echo/Fail")
         req = self._json(request)
+        if req.get("initial_metadata", True):
+            self._hello(context, "/test.Echo/Fail")
+        else:
+            self._count("/test.Echo/Fail")  # no HEADERS before the status: a trailers-only response
         code = STATUS_BY_INT[int(req.get("code", 2))]
         trailer = tuple((str(k).lower(), str(v)) for k, v in (req.get("trailer") or {}).items())
         if trailer:
             context.set_trailing_metadata(trailer)
-        context.set_code(code)
-        context.set_details(str(req.get("details", "")))
-        return b""
+        context.abort(code, str(req.get("details", "")))  # no response message, status only
 
     def hang(self, request, context):
         self._hello(context, "/test.Echo/Hang")

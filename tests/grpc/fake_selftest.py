@@ -100,6 +100,17 @@ class FakeReplicaTest(unittest.TestCase):
         self.assertEqual(e.details(), "nope: ü")
         self.assertIn(("x-custom", "v1"), tuple(e.trailing_metadata()))
 
+    def test_fail_trailers_only(self):
+        call = self.ch.unary_unary("/test.Echo/Fail")
+        with self.assertRaises(grpc.RpcError) as cm:
+            call(jdump({"code": 16, "details": "who", "trailer": {"x-custom": "v2"},
+                        "initial_metadata": False}), timeout=10)
+        e = cm.exception
+        self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED)
+        self.assertEqual(e.details(), "who")
+        self.assertIn(("x-custom", "v2"), tuple(e.trailing_metadata()))
+        self.assertNotIn("x-replica", dict(e.initial_metadata() or ()))
+
     def test_hang_cancel(self):
         call = self.ch.unary_unary("/test.Echo/Hang")
         fut = call.future(jdump({"id": "h1"}))

@@ -225,13 +225,15 @@ class GrpcTest(unittest.TestCase):
         d, _, _ = self.two_apps()
         ch = d.channel()
         fail = ch.unary_unary("/test.Echo/Fail")
-        for code, details in ((9, "precondition: ü 100% wrong"), (3, "bad argument"),
-                              (13, "replica internal")):
+        # initial_metadata False: the replica answers trailers-only (one HEADERS frame, END_STREAM)
+        for code, details, initial in ((9, "precondition: ü 100% wrong", True), (3, "bad argument", True),
+                                       (13, "replica internal", True), (9, "trailers only", False),
+                                       (16, "trailers only too", False)):
             e = self.rpc_error(lambda: fail(
-                jdump({"code": code, "details": details,
+                jdump({"code": code, "details": details, "initial_metadata": initial,
                        "trailer": {"x-custom-trailer": "v%d" % code, "x-second": "two"}}),
                 timeout=10, metadata=md("alpha")))
-            self.assertEqual(e.code().value[0], code, str(e))
+            self.assertEqual(e.code().value[0], code, "%s (initial_metadata %s)" % (e, initial))
             self.assertEqual(e.details(), details)
             trailers = tuple(e.trailing_metadata() or ())
             self.assertIn(("x-custom-trailer", "v%d" % code), trailers)
