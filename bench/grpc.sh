@@ -193,6 +193,7 @@ haproxy -c -q -f "$TMP/haproxy.cfg" >"$TMP/haproxy-check.log" 2>&1 ||
 
 # ------------------------------------------------------------------ helpers
 proc_ticks() { awk '{printf "%d", $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+runq_wait_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $2} END {printf "%d", s}'; }  # runnable, not running
 replica_stats() { # the replica's counters (its /bench.Echo/Stats call, straight to it), one line "k=v ..."
   "$REPLICA" call --port "$P_REPLICA" --path /bench.Echo/Stats | sed -n 's/^message: //p'
 }
@@ -281,12 +282,12 @@ run_unary() {
 
 # run_stream ROUND PROXY: the server-stream latency client
 run_stream() {
-  local round=$1 proxy=$2 port pid json c0=0 c1=0
+  local round=$1 proxy=$2 port pid json c0=0 c1=0 w0=0 w1=0
   port=$(proxy_port "$proxy"); pid=$(proxy_pid "$proxy")
-  [ -n "$pid" ] && c0=$(proc_ticks "$pid")
+  [ -n "$pid" ] && { c0=$(proc_ticks "$pid"); w0=$(runq_wait_ns "$pid"); }
   json=$(taskset -c $LOAD_CORE "$REPLICA" stream --port "$port" --streams "$STREAMS" --messages "$MESSAGES" \
            --interval-ms "$INTERVAL_MS") || true
-  [ -n "$pid" ] && c1=$(proc_ticks "$pid")
+  [ -n "$pid" ] && { c1=$(proc_ticks "$pid"); w1=$(runq_wait_ns "$pid"); }
   log "[r$round] stream $proxy: $json"
   [ -n "$json" ] || { emit "$round" "$proxy" stream failed_streams "$STREAMS"; return 0; }
   $PY - "$round" "$proxy" "$json" "$STREAMS" >>"$RESULTS" <<'EOF'
@@ -294,12 +295,14 @@ import json, sys
 r, p, j, n = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 rows = [("delay_p50_ms", j["delay_p50_ms"]), ("delay_p99_ms", j["delay_p99_ms"]),
         ("delay_max_ms", j["delay_max_ms"]), ("held_back", j["held_back"]),
-        ("messages", j["messages"]), ("failed_streams", n - j["ok_streams"])]
+        ("messages", j["messages"]), ("failed_streams", n - j["ok_streams"]),
+        ("client_runq_ms", j["client_runq_wait_ms"])]
 for k, v in rows:
     print("%s\t%s\tstream\t%s\t%s" % (r, p, k, v))
 EOF
   if [ -n "$pid" ]; then
     local msgs; msgs=$(awk -F'\t' -v r="$round" -v p="$proxy" '$1==r && $2==p && $3=="stream" && $4=="messages" {print $5}' "$RESULTS")
+    emit "$round" "$proxy" stream proxy_runq_ms "$(awk -v a="$w0" -v b="$w1" 'BEGIN{printf "%.1f", (b-a)/1e6}')"
     emit "$round" "$proxy" stream cpu_us_per_msg "$(awk -v t=$((c1 - c0)) -v hz="$CLK_TCK" -v n="${msgs:-0}" 'BEGIN{printf "%.2f", n ? t/hz*1e6/n : 0}')"
   fi
 }

@@ -27,7 +27,9 @@
 // the messages of all streams do not leave in one burst. Per message: delay = the client's
 // CLOCK_MONOTONIC right after the recv() that completed it minus the replica's stamp. A message is
 // HELD BACK when it completed in the same recv() as the stream's next message although the replica
-// made them >= --hold-ms apart: a proxy sat on it until the next one came. Prints one JSON line.
+// made them >= --hold-ms apart: a proxy sat on it until the next one came (or a process on the way,
+// the client included, did not get a CPU for that long: client_runq_wait_ms is the client's own
+// time waiting for its core). Prints one JSON line.
 //
 // call: one call, prints the response messages (as text, non-printable bytes escaped), the
 // grpc-status and grpc-message; exit 0 when grpc-status is 0.
@@ -699,8 +701,19 @@ double pct(std::vector<double>& v, double p) {
   return v[std::min(k, v.size() - 1)];
 }
 
+// ns this thread has waited on a run queue (runnable, not running): /proc/thread-self/schedstat
+int64_t runq_wait_ns() {
+  FILE* f = fopen("/proc/thread-self/schedstat", "r");
+  if (!f) return 0;
+  long long run = 0, wait = 0;
+  if (fscanf(f, "%lld %lld", &run, &wait) != 2) wait = 0;
+  fclose(f);
+  return wait;
+}
+
 int stream_main(const Options& o) {
   hold_ns = int64_t(o.hold_ms * 1e6);
+  int64_t wait0 = runq_wait_ns();
   std::vector<Call> calls(size_t(o.streams));
   int64_t interval_us = int64_t(o.interval_ms * 1000);
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -712,6 +725,7 @@ int stream_main(const Options& o) {
   delays_ms.reserve(size_t(o.streams) * size_t(o.messages));
   double deadline = o.messages * o.interval_ms / 1000.0 + 15;
   double wall = run_calls(o, calls, deadline);
+  double runq_ms = double(runq_wait_ns() - wait0) / 1e6;
   int ok = 0, bad_status = 0, short_streams = 0, resets = 0, unfinished = 0;
   for (auto& c : calls) {
     if (!c.closed) { ++unfinished; continue; }
@@ -724,10 +738,10 @@ int stream_main(const Options& o) {
   printf("{\"streams\": %d, \"messages\": %zu, \"expected\": %d, \"ok_streams\": %d, \"bad_status\": %d, "
          "\"short_streams\": %d, \"resets\": %d, \"unfinished\": %d, \"delay_p50_ms\": %.3f, "
          "\"delay_p90_ms\": %.3f, \"delay_p99_ms\": %.3f, \"delay_max_ms\": %.3f, \"held_back\": %" PRIu64
-         ", \"wall_s\": %.2f}\n",
+         ", \"client_runq_wait_ms\": %.1f, \"wall_s\": %.2f}\n",
          o.streams, delays_ms.size(), o.streams * o.messages, ok, bad_status, short_streams, resets, unfinished,
          pct(delays_ms, 50), pct(delays_ms, 90), pct(delays_ms, 99), delays_ms.empty() ? 0.0 : delays_ms.back(),
-         held_back, wall);
+         held_back, runq_ms, wall);
   return (ok == o.streams) ? 0 : 1;
 }
 

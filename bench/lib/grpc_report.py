@@ -33,6 +33,8 @@ STREAM_ROWS = [
     ("failed_streams", "failed streams (sum)", "{:.0f}", False, "sum"),
     ("messages", "messages received (sum)", "{:,.0f}", False, "sum"),
     ("cpu_us_per_msg", "proxy CPU us/message", "{:.2f}", True, "median"),
+    ("proxy_runq_ms", "proxy waited for its core ms (sum)", "{:.1f}", False, "sum"),
+    ("client_runq_ms", "client waited for its core ms (sum)", "{:.1f}", False, "sum"),
 ]
 
 
@@ -160,8 +162,13 @@ def main():
     if hb is None:
         print("  no message of a stream held back: no data")
     else:
+        pw = agg("ingressd", "stream", "proxy_runq_ms", "sum")
+        cw = agg("ingressd", "stream", "client_runq_ms", "sum")
         print("  no message of a stream held back: ingressd %d held back (HAProxy %s): %s"
               % (hb[0], "%d" % hbh[0] if hbh else "-", "PASS" if hb[0] == 0 else "MISS"))
+        if hb[0]:
+            print("    (in those runs ingressd waited %.1f ms and the client %.1f ms for a core: a process kept"
+                  " off its core for >= 10 ms holds messages back too)" % (pw[0] if pw else 0, cw[0] if cw else 0))
     return 0
 
 
