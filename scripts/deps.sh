@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config
           libboost1.81-all-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
-          libssl-dev openssl libgtest-dev libgmock-dev curl)
+          libssl-dev openssl libnghttp2-dev libgtest-dev libgmock-dev curl)
 packages+=("$@")
 missing=()
 for p in "${packages[@]}"; do

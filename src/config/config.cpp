@@ -224,6 +224,9 @@ std::string_view to_string(log_level level) {
 constexpr unsigned max_threads = 1024;
 /// Spinning longer than this between events only burns CPU: a VM's wake-up costs tens of µs.
 constexpr unsigned max_busy_poll_us = 10000;
+// RFC 9113 leaves it open; beyond this a client's streams cost more memory than a connection is
+// worth (each holds up to a flow-control window of buffered bytes).
+constexpr unsigned max_grpc_streams = 10000;
 /// The header limit ends up in Beast's parser, which takes a 32-bit value; 1 GiB is far above any
 /// sane header block and well inside that.
 constexpr std::uint64_t max_header_bytes_limit = 1024ull * 1024 * 1024;
@@ -489,6 +492,19 @@ const std::vector<key_spec>& key_table() {
                  string_setter([](config& c) -> auto& { return c.tls.ciphersuites; }, check_not_empty)});
     t.push_back({"tls.handshake_timeout",
                  duration_setter([](config& c) -> auto& { return c.tls.handshake_timeout; }, zero::forbidden)});
+
+    // "" = no gRPC listener (the default).
+    t.push_back({"grpc.listen", [](config& c, const std::string& v) -> problem {
+                   if (v.empty()) {
+                     c.grpc.listen = {};
+                     return std::nullopt;
+                   }
+                   return host_port_setter([](config& c2) -> auto& { return c2.grpc.listen; })(c, v);
+                 }});
+    t.push_back({"grpc.max_concurrent_streams",
+                 count_setter([](config& c) -> auto& { return c.grpc.max_concurrent_streams; }, 1, max_grpc_streams)});
+    t.push_back({"grpc.health_path",
+                 string_setter([](config& c) -> auto& { return c.grpc.health_path; }, check_health_path)});
     return t;
   }();
   return table;
@@ -502,7 +518,7 @@ const key_spec* find_key(std::string_view key) {
 }
 
 bool is_section(std::string_view name) {
-  for (std::string_view s : {"topology", "router", "upstream", "client", "health", "drain", "tls"}) {
+  for (std::string_view s : {"topology", "router", "upstream", "client", "health", "drain", "tls", "grpc"}) {
     if (s == name) return true;
   }
   return false;
@@ -665,6 +681,7 @@ const std::vector<flag_spec>& flag_table() {
     t.push_back({"tls-listen", "HOST:PORT", "HTTPS listener beside --listen (default: none)", "tls.listen", nullptr});
     t.push_back({"tls-cert", "FILE", "PEM certificate (chain after it) for --tls-listen", "tls.cert_file", nullptr});
     t.push_back({"tls-key", "FILE", "PEM private key of --tls-cert", "tls.key_file", nullptr});
+    t.push_back({"grpc-listen", "HOST:PORT", "gRPC (HTTP/2 cleartext) listener (default: none)", "grpc.listen", nullptr});
     t.push_back({"node-ip", "IP",
                  "this node's Ray node IP (default: $RAY_NODE_IP_ADDRESS, else detected)", "node_ip", nullptr});
     t.push_back({"topology-file", "PATH", "static or hand-written topology, watched for changes",
@@ -910,6 +927,12 @@ std::optional<config_error> validate(const config& cfg, bool demo) {
   if (cfg.tls.enabled()) {
     if (auto p = check_host_port(cfg.tls.listen)) return fail("tls.listen", *p);
   }
+  if (cfg.grpc.enabled()) {
+    if (auto p = check_host_port(cfg.grpc.listen)) return fail("grpc.listen", *p);
+  }
+  if (auto p = check_count(cfg.grpc.max_concurrent_streams, 1, max_grpc_streams))
+    return fail("grpc.max_concurrent_streams", *p);
+  if (auto p = check_health_path(cfg.grpc.health_path)) return fail("grpc.health_path", *p);
   if (auto p = check_tls_version(cfg.tls.min_version)) return fail("tls.min_version", *p);
   if (auto p = check_not_empty(cfg.tls.ciphers)) return fail("tls.ciphers", *p);
   if (auto p = check_not_empty(cfg.tls.ciphersuites)) return fail("tls.ciphersuites", *p);
@@ -998,7 +1021,20 @@ std::optional<config_error> validate(const config& cfg, bool demo) {
                             other->to_string() + ") must use different addresses"};
       }
     }
-  } else if (!cfg.tls.cert_file.empty() || !cfg.tls.key_file.empty()) {
+  }
+  if (cfg.grpc.enabled()) {
+    std::vector<std::pair<std::string_view, const host_port*>> others{{"listen", &cfg.listen},
+                                                                      {"admin_listen", &cfg.admin_listen}};
+    if (cfg.tls.enabled()) others.emplace_back("tls.listen", &cfg.tls.listen);
+    for (const auto& [name, other] : others) {
+      if (cfg.grpc.listen.port != 0 && cfg.grpc.listen.port == other->port &&
+          (cfg.grpc.listen.host == other->host || is_wildcard(cfg.grpc.listen.host) || is_wildcard(other->host))) {
+        return config_error{"grpc.listen (" + cfg.grpc.listen.to_string() + ") and " + std::string{name} + " (" +
+                            other->to_string() + ") must use different addresses"};
+      }
+    }
+  }
+  if (!cfg.tls.enabled() && (!cfg.tls.cert_file.empty() || !cfg.tls.key_file.empty())) {
     // A certificate without a listener would be ignored: say so instead of serving plain HTTP only.
     return config_error{"tls.cert_file / tls.key_file are set but tls.listen is not (--tls-listen)"};
   }

@@ -1,6 +1,7 @@
 // Active replica health checks: the fall/rise state machine and the per-target probe loops.
 #include "ingressd/core/scope.hpp"
 #include "ingressd/health/checker.hpp"
+#include "ingressd/health/grpc_probe.hpp"
 
 #include <algorithm>
 #include <exception>
@@ -36,6 +37,7 @@ struct target_state {
   explicit target_state(const config::health_settings& s) : sm(s, /*up=*/true) {}
   std::string key;
   tcp::endpoint dial;  // guarded by checker::impl::mu
+  bool grpc = false;
   std::atomic<bool> up{true};
   std::atomic<bool> stopped{false};
   state_machine sm;  // the io_context's thread only
@@ -98,6 +100,16 @@ awaitable<std::string> probe(target_state& ts, tcp::endpoint dial, const std::st
   co_return std::string{};
 }
 
+/// One check of a gRPC target (grpc_probe.hpp), with the same deadline and cancellation.
+awaitable<std::string> probe_grpc(target_state& ts, tcp::endpoint dial, const std::string& path, duration timeout) {
+  beast::tcp_stream stream(co_await asio::this_coro::executor);
+  registration<beast::tcp_stream> reg(ts.stream, stream);
+  stream.expires_after(timeout);
+  std::string failure = co_await grpc_probe(stream, dial, path);
+  if (failure.ends_with(": timed out")) failure += " after " + format_duration(timeout);
+  co_return failure;
+}
+
 duration initial_delay(duration spread) {
   if (spread.count() <= 0) return duration{0};
   thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -119,12 +131,13 @@ void log_exception(std::exception_ptr e) {
 }  // namespace
 
 struct checker::impl {
-  impl(asio::io_context& i, config::health_settings s, change_callback cb)
-      : ioc(i), settings(std::move(s)), on_change(std::move(cb)) {}
+  impl(asio::io_context& i, config::health_settings s, change_callback cb, std::string gp)
+      : ioc(i), settings(std::move(s)), on_change(std::move(cb)), grpc_path(std::move(gp)) {}
 
   asio::io_context& ioc;
   const config::health_settings settings;
   const change_callback on_change;
+  const std::string grpc_path;
 
   mutable std::mutex mu;
   bool stopped = false;                                           // guarded by mu
@@ -144,7 +157,12 @@ struct checker::impl {
       timer.expires_after(delay);
       co_await timer.async_wait(nothrow);  // mark_down() cancels it: check at once
       if (ts->stopped) break;
-      std::string failure = co_await probe(*ts, self->dial_of(*ts), self->settings.path, self->settings.timeout);
+      // Not a conditional expression: GCC 12 destroys temporaries of a co_await inside ?: twice.
+      std::string failure;
+      if (ts->grpc)
+        failure = co_await probe_grpc(*ts, self->dial_of(*ts), self->grpc_path, self->settings.timeout);
+      else
+        failure = co_await probe(*ts, self->dial_of(*ts), self->settings.path, self->settings.timeout);
       if (ts->stopped) break;
       const bool ok = failure.empty();
       if (auto change = sm.record(ok)) {
@@ -165,8 +183,9 @@ struct checker::impl {
   }
 };
 
-checker::checker(asio::io_context& ioc, config::health_settings settings, change_callback on_change)
-    : impl_(std::make_shared<impl>(ioc, std::move(settings), std::move(on_change))) {}
+checker::checker(asio::io_context& ioc, config::health_settings settings, change_callback on_change,
+                 std::string grpc_path)
+    : impl_(std::make_shared<impl>(ioc, std::move(settings), std::move(on_change), std::move(grpc_path))) {}
 
 checker::~checker() { stop(); }
 
@@ -186,6 +205,7 @@ void checker::set_targets(std::vector<target_ref> targets) {
         auto ts = std::make_shared<target_state>(impl_->settings);
         ts->key = t.key;
         ts->dial = t.dial;
+        ts->grpc = t.grpc;
         next.emplace(t.key, ts);
         added.push_back(std::move(ts));
       }

@@ -169,6 +169,9 @@ void format_access_entry(std::string& out, const access_entry& e) {
   append_json_string(out, to_string(e.term));
   append_string_or_null(out, "reason", e.reason);
   append_string_or_null(out, "request_id", e.request_id);
+  append_key(out, "grpc_status");
+  if (e.grpc_status >= 0) fmt::format_to(std::back_inserter(out), "{}", e.grpc_status);
+  else out += "null";
   out += '}';
 }
 

@@ -33,6 +33,8 @@ struct app_sum {
   std::uint64_t truncations = 0;
   std::array<std::uint64_t, hedge_result_count> hedges{};
   std::array<std::uint64_t, reason_count> generated{};
+  std::array<std::uint64_t, grpc::status_count> grpc_status{};
+  histogram_data grpc_duration{request_buckets()};
   std::map<std::string, router_sum> routers;  // by router label
   bool routed = false;  ///< the app has a router pool (now)
 };
@@ -49,6 +51,8 @@ void add_block(app_sum& s, const app_metrics& b) {
   s.truncations += b.truncations.get();
   for (std::size_t i = 0; i < hedge_result_count; ++i) s.hedges[i] += b.hedges[i].get();
   for (std::size_t i = 0; i < reason_count; ++i) s.generated[i] += b.generated[i].get();
+  for (std::size_t i = 0; i < grpc::status_count; ++i) s.grpc_status[i] += b.grpc_status[i].get();
+  s.grpc_duration.add(b.grpc_duration);
   for (const auto& r : b.routers()) {
     auto& a = s.routers[r->label];
     for (std::size_t i = 0; i < attempt_result_count; ++i) a.results[i] += r->results[i].get();
@@ -225,6 +229,38 @@ std::string render(const scrape_input& in) {
   w.sample("ingressd_active_connections", {}, in.active_connections);
   w.family("ingressd_active_streams", "Responses being relayed.", "gauge");
   w.sample("ingressd_active_streams", {}, in.active_streams);
+
+  if (in.grpc) {
+    const auto& g = *in.grpc;
+    std::set<std::string> grpc_apps;  // apps with a gRPC group now: their OK series show from the start
+    if (in.topology)
+      for (const auto& a : in.topology->grpc_apps) grpc_apps.insert(a.name);
+    w.family("ingressd_grpc_requests_total",
+             "gRPC calls by app and the grpc-status the client got (1 CANCELLED: it reset the call first; app \"\": "
+             "no app matched).",
+             "counter");
+    for (const auto& [app, s] : apps)
+      for (std::size_t i = 0; i < grpc::status_count; ++i)
+        if (s.grpc_status[i] > 0 || (i == 0 && grpc_apps.contains(app)))
+          w.sample("ingressd_grpc_requests_total", {{"app", app}, {"grpc_status", std::to_string(i)}}, s.grpc_status[i]);
+    w.family("ingressd_grpc_request_duration_seconds", "gRPC calls: time from the request headers to the end of the call.",
+             "histogram");
+    for (const auto& [app, s] : apps)
+      if (s.grpc_duration.count() > 0 || grpc_apps.contains(app))
+        w.histogram("ingressd_grpc_request_duration_seconds", {{"app", app}}, s.grpc_duration);
+    w.family("ingressd_grpc_connections", "Open connections on the gRPC listener (in ingressd_active_connections too).",
+             "gauge");
+    w.sample("ingressd_grpc_connections", {}, g.connections);
+    w.family("ingressd_grpc_active_streams", "gRPC calls in progress.", "gauge");
+    w.sample("ingressd_grpc_active_streams", {}, g.streams);
+    w.family("ingressd_grpc_connection_errors_total",
+             "gRPC listener connections ended by ingressd with GOAWAY, by reason (protocol, flow_control, "
+             "compression, flood, header_list, reset_flood, timeout).",
+             "counter");
+    for (std::size_t i = 0; i < grpc::conn_error_count; ++i)
+      w.sample("ingressd_grpc_connection_errors_total", {{"reason", grpc::to_string(static_cast<grpc::conn_error>(i))}},
+               g.conn_errors[i]);
+  }
 
   if (in.tls) {
     const auto& t = *in.tls;

@@ -77,7 +77,8 @@ app_metrics::app_metrics(std::string app_name)
     : name(std::move(app_name)),
       duration(request_buckets()),
       first_byte(request_buckets()),
-      router_latency(router_histograms(std::make_index_sequence<router_outcome_count>{})) {}
+      router_latency(router_histograms(std::make_index_sequence<router_outcome_count>{})),
+      grpc_duration(request_buckets()) {}
 
 router_slot* app_metrics::router(std::size_t pool_index, std::string_view key) noexcept {
   if (pool_index < routers_.size() && routers_[pool_index]->key == key) return routers_[pool_index].get();
@@ -88,7 +89,7 @@ router_slot* app_metrics::router(std::size_t pool_index, std::string_view key) n
 
 worker_metrics::worker_metrics() { blocks_.push_back(std::make_unique<app_metrics>("")); }
 
-std::vector<app_metrics*> worker_metrics::apply(const topology::snapshot& snap) {
+std::vector<app_metrics*> worker_metrics::apply(const topology::snapshot& snap, std::vector<app_metrics*>* grpc) {
   std::lock_guard lk(mu_);
   std::unordered_map<std::string_view, app_metrics*> by_name;
   for (auto& b : blocks_) by_name.emplace(b->name, b.get());
@@ -103,6 +104,17 @@ std::vector<app_metrics*> worker_metrics::apply(const topology::snapshot& snap) 
       it = by_name.emplace(blocks_.back()->name, blocks_.back().get()).first;
     }
     out.push_back(it->second);
+  }
+  if (grpc) {
+    grpc->clear();
+    for (const auto& app : snap.grpc_apps) {
+      auto it = by_name.find(app.name);
+      if (it == by_name.end()) {
+        blocks_.push_back(std::make_unique<app_metrics>(app.name));
+        it = by_name.emplace(blocks_.back()->name, blocks_.back().get()).first;
+      }
+      grpc->push_back(it->second);
+    }
   }
 
   // Each block's routers become its app's pool (the union of pools for apps sharing a name);

@@ -122,6 +122,13 @@ std::string admin_server::metrics_text() const {
       in.tls->handshakes += st.tls_handshakes.get();
       for (std::size_t i = 0; i < tls::handshake_failure_count; ++i) in.tls->failures[i].second += st.tls_failures[i].get();
     }
+    if (h_.shared && h_.shared->grpc) {
+      if (!in.grpc) in.grpc.emplace();
+      const auto& st = w->stats();
+      in.grpc->connections += st.grpc_connections.get();
+      in.grpc->streams += st.grpc_streams.get();
+      for (std::size_t i = 0; i < grpc::conn_error_count; ++i) in.grpc->conn_errors[i] += st.grpc_conn_errors[i].get();
+    }
     in.requests_received += w->stats().requests.get();
     in.active_connections += w->stats().active_connections.get();
     in.active_streams += w->stats().active_streams.get();
@@ -204,6 +211,16 @@ std::string admin_server::topology_json() const {
     apps.push_back(std::move(app));
   }
   if (snap->fallback) j["fallback"] = upstream(*snap->fallback);
+  // gRPC apps (grpc.listen): found by name, no routers; targets checked with grpc.health_path.
+  auto& grpc_apps = j["grpc_apps"] = nlohmann::json::array();
+  for (const auto& a : snap->grpc_apps) {
+    nlohmann::json app{{"name", a.name}};
+    auto& reps = app["replicas"] = nlohmann::json::array();
+    for (const auto& r : a.replicas) reps.push_back(upstream(r));
+    if (a.fallback) app["fallback"] = upstream(*a.fallback);
+    grpc_apps.push_back(std::move(app));
+  }
+  if (snap->grpc_fallback) j["grpc_fallback"] = upstream(*snap->grpc_fallback);
   return j.dump();
 }
 

@@ -76,6 +76,7 @@ struct daemon::impl {
   std::function<void(const std::string&)> on_passive_down;  // set before start()
   std::uint16_t port = 0;
   std::uint16_t tls_port = 0;
+  std::uint16_t grpc_port = 0;
   std::shared_ptr<const tls::server_context> tls;  // the HTTPS listener's certificate in force
   std::mutex stop_mu;
   bool stopped = false;
@@ -189,11 +190,22 @@ void daemon::start() {
     d.note_tls();
     auto tls_ep = to_endpoint("tls.listen", d.cfg->tls.listen);
     for (unsigned i = 0; i < n; ++i) {
-      if (auto ec = d.workers[i]->bind(tls_ep, i == 0, true)) cannot_listen("tls.listen", d.cfg->tls.listen, ec);
+      if (auto ec = d.workers[i]->bind(tls_ep, i == 0, worker::listener::tls))
+        cannot_listen("tls.listen", d.cfg->tls.listen, ec);
       if (i == 0) tls_ep.port(d.workers[0]->tls_port());
       d.workers[i]->set_tls(d.tls);
     }
     d.tls_port = tls_ep.port();
+  }
+  if (d.cfg->grpc.enabled()) {
+    auto grpc_ep = to_endpoint("grpc.listen", d.cfg->grpc.listen);
+    for (unsigned i = 0; i < n; ++i) {
+      if (auto ec = d.workers[i]->bind(grpc_ep, i == 0, worker::listener::grpc))
+        cannot_listen("grpc.listen", d.cfg->grpc.listen, ec);
+      if (i == 0) grpc_ep.port(d.workers[0]->grpc_port());
+    }
+    d.grpc_port = grpc_ep.port();
+    d.shared.grpc = true;
   }
   const auto admin_ep = to_endpoint("admin_listen", d.cfg->admin_listen);
   error_code admin_ec;
@@ -280,6 +292,7 @@ std::optional<std::string> daemon::reload(std::shared_ptr<const config::config> 
   if (next->listen != cur->listen) return "listen cannot change without a restart";
   if (next->admin_listen != cur->admin_listen) return "admin_listen cannot change without a restart";
   if (next->tls.listen != cur->tls.listen) return "tls.listen cannot change without a restart";
+  if (next->grpc.listen != cur->grpc.listen) return "grpc.listen cannot change without a restart";
   if (next->effective_threads() != cur->effective_threads()) return "threads cannot change without a restart";
   std::shared_ptr<const tls::server_context> tls;
   if (next->tls.enabled()) {
@@ -341,6 +354,7 @@ void daemon::sync() {
 std::uint16_t daemon::port() const { return impl_->port; }
 std::uint16_t daemon::admin_port() const { return impl_->admin ? impl_->admin->port() : 0; }
 std::uint16_t daemon::tls_port() const { return impl_->tls_port; }
+std::uint16_t daemon::grpc_port() const { return impl_->grpc_port; }
 
 void daemon::set_tls(std::shared_ptr<const tls::server_context> ctx) { impl_->tls = std::move(ctx); }
 

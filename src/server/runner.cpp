@@ -185,7 +185,7 @@ int run(int argc, const char* const* argv) {
   // HAProxy does not either); the failover memory covers them.
   health::checker checker(main_ioc, cfg->health, [&d](const std::string& key, bool up, const std::string& cause) {
     d.set_replica_health(key, up, cause);
-  });
+  }, cfg->grpc.health_path);
   // Passive health (health.error_limit): the workers have stopped routing to the upstream; the
   // checker counts it down and checks it now, and its checks bring it back.
   d.on_passive_down([&checker](const std::string& key) { checker.mark_down(key); });
@@ -193,6 +193,9 @@ int run(int argc, const char* const* argv) {
   std::uint64_t generation = 0;
   auto publish = [&](topology::document next) {
     for (const auto& w : next.warnings) spdlog::warn("topology: {}", w);
+    if (!cfg->grpc.enabled())
+      for (const auto& g : next.grpc_apps)
+        spdlog::warn("topology: ignored gRPC target group '{}' (no gRPC listener: grpc.listen / --grpc-listen)", g.name);
     const bool serve_running = next.serve_running;
     auto snap = topology::make_snapshot(std::move(next), node.ip, cfg->topology.local_dial_host, ++generation,
                                         source, d.current_topology().get());
@@ -203,14 +206,23 @@ int run(int argc, const char* const* argv) {
                    snap->router_count(), snap->replica_count(), snap->generation);
     // Replicas and fallback targets are checked (Ray's HAProxy checks its backup server too).
     std::vector<health::target_ref> targets;
-    auto check = [&targets, seen = std::unordered_set<std::string>()](const topology::endpoint& e) mutable {
-      if (seen.insert(e.key).second) targets.push_back({e.key, e.dial});
+    auto check = [&targets, seen = std::unordered_set<std::string>()](const topology::endpoint& e,
+                                                                        bool grpc = false) mutable {
+      if (seen.insert(e.key).second) targets.push_back({e.key, e.dial, grpc});
     };
     for (const auto& a : snap->apps) {
       for (const auto& r : a.replicas) check(r);
       if (a.fallback) check(*a.fallback);
     }
     if (snap->fallback) check(*snap->fallback);
+    // gRPC targets get the gRPC health RPC (grpc.health_path), Ray's Healthz.
+    if (cfg->grpc.enabled()) {
+      for (const auto& a : snap->grpc_apps) {
+        for (const auto& r : a.replicas) check(r, true);
+        if (a.fallback) check(*a.fallback, true);
+      }
+      if (snap->grpc_fallback) check(*snap->grpc_fallback, true);
+    }
     checker.set_targets(std::move(targets));
     d.set_topology(std::move(snap));
   };
@@ -278,9 +290,10 @@ int run(int argc, const char* const* argv) {
     hp.port = port;
     return hp.to_string();
   };
-  spdlog::info("ingressd {} listening on {} (admin {}){}, {} threads, node ip {} ({}), topology {}",
+  spdlog::info("ingressd {} listening on {} (admin {}){}{}, {} threads, node ip {} ({}), topology {}",
                INGRESSD_VERSION, bound(cfg->listen, d.port()), bound(cfg->admin_listen, d.admin_port()),
                tls_ctx ? ", https " + bound(cfg->tls.listen, d.tls_port()) : std::string(),
+               cfg->grpc.enabled() ? ", grpc " + bound(cfg->grpc.listen, d.grpc_port()) : std::string(),
                cfg->effective_threads(), node.ip, node.how, source);
 
   topology::source_callbacks callbacks{

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ingressd/core/scope.hpp"
+#include "server/grpc_proxy.hpp"
 #include "server/session.hpp"
 
 namespace ingressd::server {
@@ -36,19 +37,23 @@ worker::worker(unsigned index, std::shared_ptr<const config::config> cfg, shared
       shared_(shared),
       pool_(cfg_->upstream.max_idle_per_replica),
       hedge_budget_(cfg_->router.hedge_budget_permille),
-      id_state_((std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^ index) {}
+      id_state_((std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^ index) {
+  grpc_ = std::make_unique<grpc_hub>(*this);
+}
 
 worker::~worker() {
   // Sockets owned here must go before the io_context they belong to.
   acceptor_.reset();
   tls_acceptor_.reset();
+  grpc_acceptor_.reset();
+  grpc_.reset();
   pool_.close_all();
   pool_ = upstream::pool(0);
 }
 
-error_code worker::bind(const tcp::endpoint& ep, bool first, bool tls) {
-  auto& acceptor = tls ? tls_acceptor_ : acceptor_;
-  auto& port = tls ? tls_port_ : port_;
+error_code worker::bind(const tcp::endpoint& ep, bool first, listener which) {
+  auto& acceptor = which == listener::tls ? tls_acceptor_ : which == listener::grpc ? grpc_acceptor_ : acceptor_;
+  auto& port = which == listener::tls ? tls_port_ : which == listener::grpc ? grpc_port_ : port_;
   acceptor.emplace(ioc_);
   error_code ec;
   acceptor->open(ep.protocol(), ec);
@@ -77,8 +82,9 @@ void worker::run() {
       spdlog::error("worker task failed: {}", ex.what());
     }
   };
-  if (acceptor_) asio::co_spawn(ioc_, accept_loop(*acceptor_, false), log_error);
-  if (tls_acceptor_) asio::co_spawn(ioc_, accept_loop(*tls_acceptor_, true), log_error);
+  if (acceptor_) asio::co_spawn(ioc_, accept_loop(*acceptor_, listener::plain), log_error);
+  if (tls_acceptor_) asio::co_spawn(ioc_, accept_loop(*tls_acceptor_, listener::tls), log_error);
+  if (grpc_acceptor_) asio::co_spawn(ioc_, accept_loop(*grpc_acceptor_, listener::grpc), log_error);
   asio::co_spawn(ioc_, sweep_loop(), log_error);
   asio::co_spawn(ioc_, idle_loop(), log_error);
   event_loop();
@@ -111,9 +117,9 @@ bool accept_starved(const error_code& ec) {
          ec == asio::error::no_memory;
 }
 
-awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, bool tls) {
+awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, listener which) {
   asio::steady_timer backoff_timer(ioc_);
-  registration<asio::steady_timer> reg(accept_timers_[tls ? 1 : 0], backoff_timer);
+  registration<asio::steady_timer> reg(accept_timers_[static_cast<std::size_t>(which)], backoff_timer);
   accept_backoff backoff;
   while (acceptor.is_open()) {
     auto [ec, sock] = co_await acceptor.async_accept(ioc_, nothrow);  // typed executor: see session.hpp
@@ -124,7 +130,7 @@ awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, bool tls) {
     for (unsigned n = 1; !ec; ++n) {
       if (stopping_ || !acceptor.is_open()) co_return;
       backoff.reset();
-      admit(std::move(sock), tls);
+      admit(std::move(sock), which);
       if (n == accept_batch) break;  // before accepting one more: it would have no taker
       sock = decltype(sock)(ioc_);
       acceptor.accept(sock, ec);
@@ -143,7 +149,7 @@ awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, bool tls) {
   }
 }
 
-void worker::admit(session::client_socket sock, bool tls) {
+void worker::admit(session::client_socket sock, listener which) {
   auto open = shared_.connections.fetch_add(1, std::memory_order_relaxed) + 1;
   if (open > cfg_->client.max_connections) {
     shared_.connections.fetch_sub(1, std::memory_order_relaxed);
@@ -152,7 +158,11 @@ void worker::admit(session::client_socket sock, bool tls) {
     sock.close(ignored);
     return;
   }
-  auto s = std::make_shared<session>(*this, std::move(sock), tls ? tls_ctx_->native() : nullptr);
+  if (which == listener::grpc) {
+    grpc_->accept(std::move(sock));
+    return;
+  }
+  auto s = std::make_shared<session>(*this, std::move(sock), which == listener::tls ? tls_ctx_->native() : nullptr);
   add_session(*s);
   s->start();
 }
@@ -167,6 +177,7 @@ awaitable<void> worker::sweep_loop() {
     co_await t.async_wait(nothrow);
     if (stopping_) break;
     pool_.sweep(std::chrono::steady_clock::now(), pool_max_idle);
+    grpc_->sweep();
     trim_spare_scratch();
     // After a burst of connections has gone, hand the freed heap back to the kernel: glibc
     // keeps it otherwise, and the idle process stays at its peak RSS.
@@ -261,7 +272,7 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
     for (std::size_t i = 0; i < snap_->apps.size(); ++i) old_index.emplace(snap_->apps[i].name, i);
 
   std::vector<app_state> next(snap->apps.size());
-  const auto blocks = metrics_.apply(*snap);
+  const auto blocks = metrics_.apply(*snap, &grpc_blocks_);
   std::unordered_set<std::string_view> keys;
   for (std::size_t i = 0; i < snap->apps.size(); ++i) {
     const auto& view = snap->apps[i];
@@ -289,6 +300,14 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
   apps_ = std::move(next);
   snap_ = std::move(snap);
   for (const auto& a : apps_) publish_hedge(a);
+  grpc_->topology_changed();
+}
+
+metrics::app_metrics* worker::grpc_block_named(std::string_view name) const {
+  if (!snap_) return nullptr;
+  if (auto it = snap_->grpc_by_name.find(std::string(name)); it != snap_->grpc_by_name.end())
+    return grpc_block(it->second);
+  return nullptr;
 }
 
 bool worker::healthy() const {
@@ -333,6 +352,7 @@ void worker::stop_accepting() {
   error_code ignored;
   if (acceptor_) acceptor_->close(ignored);
   if (tls_acceptor_) tls_acceptor_->close(ignored);
+  if (grpc_acceptor_) grpc_acceptor_->close(ignored);
   for (auto* t : accept_timers_)
     if (t) t->cancel();
 }
@@ -340,6 +360,7 @@ void worker::stop_accepting() {
 void worker::close_idle() {
   for (auto& s : sessions_) s.close_if_idle();
   pool_.close_all();
+  grpc_->drain();
 }
 
 void worker::abort_all() {
@@ -347,6 +368,7 @@ void worker::abort_all() {
   stop_accepting();
   for (auto& s : sessions_) s.abort();
   pool_.close_all();
+  grpc_->abort_all();
   if (sweep_timer_) sweep_timer_->cancel();
   if (idle_timer_) idle_timer_->cancel();
 }

@@ -19,6 +19,7 @@
 #include <boost/intrusive/list.hpp>
 
 #include "ingressd/config/config.hpp"
+#include "ingressd/grpc/protocol.hpp"
 #include "ingressd/core/asio.hpp"
 #include "ingressd/metrics/access_log.hpp"
 #include "ingressd/metrics/counter.hpp"
@@ -45,6 +46,8 @@ struct shared_state {
   std::atomic<std::uint64_t> accept_errors{0};     ///< ingressd_accept_errors_total (main and admin listeners)
   /// The HTTPS listener's certificate in force: its notAfter in Unix seconds (0: no TLS).
   std::atomic<std::int64_t> tls_not_after{0};
+  /// A gRPC listener is open (grpc.listen; set before the workers start, fixed after).
+  bool grpc = false;
   /// ingressd_topology_last_success_timestamp_seconds, in Unix ms: -1 while there is no source
   /// that polls (--demo), 0 until the source's first confirmation.
   std::atomic<std::int64_t> topology_current_ms{-1};
@@ -92,6 +95,11 @@ struct worker_stats {
   counter tls_handshakes;
   counter tls_resumed;
   std::array<counter, tls::handshake_failure_count> tls_failures;
+  // The gRPC listener (grpc.listen): open connections (in active_connections too), open calls,
+  // and connections ended by us for a protocol error or abuse, by grpc::conn_error.
+  counter grpc_connections;
+  counter grpc_streams;
+  std::array<counter, grpc::conn_error_count> grpc_conn_errors;
 };
 
 /// Per-app state of a worker, rebuilt on each topology change. (Replica loads and health are
@@ -109,6 +117,7 @@ struct app_state {
 };
 
 class session;
+class grpc_hub;
 struct request_scratch;
 using session_hook = boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
 
@@ -124,9 +133,12 @@ class worker {
   /// Opens this worker's listener on `ep`, in one SO_REUSEPORT group with the other workers'.
   /// `first`: the first worker's bind, which fails when another process holds the address.
   /// `tls`: the HTTPS listener (tls.listen) instead of the plain one.
-  error_code bind(const tcp::endpoint& ep, bool first, bool tls = false);
+  /// Which listener a socket came from.
+  enum class listener : std::uint8_t { plain, tls, grpc };
+  error_code bind(const tcp::endpoint& ep, bool first, listener which = listener::plain);
   std::uint16_t port() const { return port_; }
   std::uint16_t tls_port() const { return tls_port_; }
+  std::uint16_t grpc_port() const { return grpc_port_; }
   /// The HTTPS listener's certificate for handshakes from now on (start, SIGHUP); connections
   /// keep the one they were made with.
   void set_tls(std::shared_ptr<const tls::server_context> ctx) { tls_ctx_ = std::move(ctx); }
@@ -160,6 +172,14 @@ class worker {
   void publish_hedge(const app_state& app, std::size_t pool_index) const;
   void publish_hedge(const app_state& app) const;
   shared_state& shared() { return shared_; }
+  /// The hard stop has begun (abort_all).
+  bool stopping() const { return stopping_; }
+  /// The metric block of the gRPC app at `index` of the current snapshot's grpc_apps, or of the
+  /// app named `name` (a call that began under an older snapshot); null when there is none.
+  metrics::app_metrics* grpc_block(std::size_t index) const {
+    return index < grpc_blocks_.size() ? grpc_blocks_[index] : nullptr;
+  }
+  metrics::app_metrics* grpc_block_named(std::string_view name) const;
   worker_stats& stats() { return stats_; }
   const worker_stats& stats() const { return stats_; }
   /// Per-app request metrics: written on this worker's thread, read by the admin thread.
@@ -191,11 +211,11 @@ class worker {
 
  private:
   void event_loop();  // run(), with busy_poll_us spinning
-  awaitable<void> accept_loop(tcp::acceptor& acceptor, bool tls);
+  awaitable<void> accept_loop(tcp::acceptor& acceptor, listener which);
   /// At most this many connections are accepted per wake-up of a listener (then others run).
   static constexpr unsigned accept_batch = 32;
   /// A new client connection: a session, or a reset when client.max_connections are open.
-  void admit(asio::basic_stream_socket<tcp, asio::io_context::executor_type> sock, bool tls);
+  void admit(asio::basic_stream_socket<tcp, asio::io_context::executor_type> sock, listener which);
   awaitable<void> sweep_loop();
   awaitable<void> idle_loop();
 
@@ -207,6 +227,9 @@ class worker {
   std::optional<tcp::acceptor> tls_acceptor_;
   std::uint16_t tls_port_ = 0;
   std::shared_ptr<const tls::server_context> tls_ctx_;
+  std::optional<tcp::acceptor> grpc_acceptor_;
+  std::uint16_t grpc_port_ = 0;
+  std::vector<metrics::app_metrics*> grpc_blocks_;  // parallel to snap_->grpc_apps
   std::shared_ptr<const topology::snapshot> snap_;
   std::vector<app_state> apps_;
   std::unique_ptr<unsigned char[]> relay_window_ = std::make_unique<unsigned char[]>(relay_size);
@@ -221,7 +244,7 @@ class worker {
   asio::steady_timer* sweep_timer_ = nullptr;  // lives in sweep_loop's frame; cancelled on stop
   asio::steady_timer* idle_timer_ = nullptr;   // lives in idle_loop's frame; cancelled on stop
   // Accept back-offs, in the accept loops' frames (plain, TLS); cancelled on stop.
-  std::array<asio::steady_timer*, 2> accept_timers_{};
+  std::array<asio::steady_timer*, 3> accept_timers_{};
   boost::intrusive::list<session, boost::intrusive::base_hook<session_hook>,
                          boost::intrusive::constant_time_size<false>> sessions_;
   // Declared last so it is destroyed first: session coroutines still pending at destruction are
@@ -229,6 +252,8 @@ class worker {
   // One thread runs it and only that thread touches its sockets: the reactor needs no locks.
   // Posts from other threads (topology, admin) still go through the scheduler's lock.
   asio::io_context ioc_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  // After ioc_, so destroyed before it: its connections hold sockets of this io_context.
+  std::unique_ptr<grpc_hub> grpc_;
   // After ioc_, so destroyed before it: the spares hold timers of this io_context.
   std::vector<std::unique_ptr<request_scratch>> spare_scratch_;
   std::size_t spare_low_ = 0;  ///< fewest spares since the last trim: that many went unused

@@ -112,6 +112,14 @@ std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& n
     prefixes.push_back(a.route_prefix);
   }
   s->routes = routing::route_table(prefixes);
+  if (s->doc.grpc_fallback) s->grpc_fallback = states.with_state(resolve(*s->doc.grpc_fallback));
+  s->grpc_apps.reserve(s->doc.grpc_apps.size());
+  for (const app& a : s->doc.grpc_apps) {
+    s->grpc_by_name.emplace(a.name, s->grpc_apps.size());
+    s->grpc_apps.push_back(make_view(a, resolve, s->node_ip, states, s->grpc_fallback));
+    for (const auto& r : s->grpc_apps.back().replicas) s->grpc_keys.emplace(r.key, true);
+    if (const auto& f = s->grpc_apps.back().fallback) s->grpc_keys.emplace(f->key, true);
+  }
   s->updated = std::chrono::system_clock::now();
   return s;
 }

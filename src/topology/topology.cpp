@@ -287,20 +287,25 @@ std::vector<target> parse_targets(const json& v, const std::string& where, targe
   return out;
 }
 
-// Returns nullopt for a gRPC group (after recording the warning).
-std::optional<app> parse_group(const json& v, const std::string& where, document& doc) {
+// `grpc` is set when the group is a gRPC one.
+app parse_group(const json& v, const std::string& where, document& doc, bool& grpc) {
   as_object(v, where);
   app a;
   a.name = optional_string(v, "app_name", where);
 
   const std::string& protocol = as_string(required(v, "protocol", where + ".protocol"), where + ".protocol");
-  if (protocol == "gRPC") {
-    // Not validated further: ingressd never serves these, and a quirk in a gRPC group must not
-    // cost the HTTP apps their topology update.
-    doc.warnings.push_back("ignored gRPC target group '" + a.name + "'");
-    return std::nullopt;
+  grpc = protocol == "gRPC";
+  if (!grpc && protocol != "HTTP") fail(where + ".protocol", "expected \"HTTP\" or \"gRPC\", got \"" + protocol + "\"");
+  if (grpc) {
+    // Calls find their app by name (the `application` metadata), so the name is the key; the
+    // route prefix means nothing to a gRPC call and routers never apply (Ray: HTTP-only).
+    a.replicas = parse_targets(required(v, "targets", where + ".targets"), where + ".targets", target_kind::replica);
+    if (const json* fallback = field(v, "fallback_target"))
+      a.fallback = parse_target(*fallback, where + ".fallback_target", target_kind::fallback);
+    if (const json* prefix = field(v, "route_prefix"); prefix && prefix->is_string())
+      a.route_prefix = normalise_prefix(prefix->get<std::string>());
+    return a;
   }
-  if (protocol != "HTTP") fail(where + ".protocol", "expected \"HTTP\" or \"gRPC\", got \"" + protocol + "\"");
 
   const std::string& prefix =
       as_string(required(v, "route_prefix", where + ".route_prefix"), where + ".route_prefix");
@@ -365,10 +370,19 @@ document parse_tree(const json& root) {
 
   // prefix -> (group index, app name) of the HTTP group that claimed it first
   std::map<std::string, std::pair<std::size_t, std::string>> prefixes;
+  std::map<std::string, std::size_t> grpc_names;  // gRPC app name -> group index
   for (std::size_t i = 0; i < groups->size(); ++i) {
     const std::string where = "target_groups[" + std::to_string(i) + "]";
-    auto a = parse_group((*groups)[i], where, doc);
-    if (!a) continue;
+    bool grpc = false;
+    auto a = std::make_optional(parse_group((*groups)[i], where, doc, grpc));
+    if (grpc) {
+      auto [it, fresh] = grpc_names.emplace(a->name, i);
+      if (!fresh)
+        fail(where + ".app_name", "duplicate gRPC app '" + a->name + "' (also target_groups[" +
+                                      std::to_string(it->second) + "])");
+      doc.grpc_apps.push_back(std::move(*a));
+      continue;
+    }
     auto [it, fresh] = prefixes.emplace(a->route_prefix, std::pair{i, a->name});
     if (!fresh)
       fail(where + ".route_prefix", "duplicate route prefix '" + a->route_prefix + "': app '" +
@@ -381,6 +395,8 @@ document parse_tree(const json& root) {
     as_object(*fallbacks, "fallback_targets");
     if (const json* http = field(*fallbacks, "HTTP"))
       doc.http_fallback = parse_target(*http, "fallback_targets.HTTP", target_kind::fallback);
+    if (const json* g = field(*fallbacks, "gRPC"))
+      doc.grpc_fallback = parse_target(*g, "fallback_targets.gRPC", target_kind::fallback);
   }
   return doc;
 }
@@ -428,6 +444,17 @@ std::string to_json(const document& doc) {
     if (a.fallback) g["fallback_target"] = target_to_json(*a.fallback);
     groups.push_back(std::move(g));
   }
+  for (const auto& a : doc.grpc_apps) {
+    nlohmann::ordered_json g;
+    g["app_name"] = a.name;
+    g["route_prefix"] = a.route_prefix;
+    g["protocol"] = "gRPC";
+    g["targets"] = nlohmann::ordered_json::array();
+    for (const auto& t : a.replicas) g["targets"].push_back(target_to_json(t));
+    g["ingress_request_router_targets"] = nlohmann::ordered_json::array();
+    if (a.fallback) g["fallback_target"] = target_to_json(*a.fallback);
+    groups.push_back(std::move(g));
+  }
   nlohmann::ordered_json root;
   if (!doc.serve_running) {
     // Ray's empty ServeInstanceDetails, as the dashboard serves it while Serve is not running.
@@ -438,7 +465,11 @@ std::string to_json(const document& doc) {
     return root.dump(2);
   }
   root["target_groups"] = std::move(groups);
-  if (doc.http_fallback) root["fallback_targets"] = {{"HTTP", target_to_json(*doc.http_fallback)}};
+  if (doc.http_fallback || doc.grpc_fallback) {
+    root["fallback_targets"] = nlohmann::ordered_json::object();
+    if (doc.http_fallback) root["fallback_targets"]["HTTP"] = target_to_json(*doc.http_fallback);
+    if (doc.grpc_fallback) root["fallback_targets"]["gRPC"] = target_to_json(*doc.grpc_fallback);
+  }
   return root.dump(2);
 }
 

@@ -127,6 +127,21 @@ struct tls_settings {
   bool operator==(const tls_settings&) const = default;
 };
 
+/// gRPC ingress (contract §9, issue #20): an HTTP/2 cleartext (h2c, prior knowledge) listener for
+/// Ray's `protocol: "gRPC"` target groups, framed by nghttp2.
+struct grpc_settings {
+  /// grpc.listen / --grpc-listen: the gRPC listener's address; unset (empty host) = none.
+  host_port listen{};
+  /// grpc.max_concurrent_streams: SETTINGS_MAX_CONCURRENT_STREAMS announced to each client
+  /// connection; streams beyond it are refused (REFUSED_STREAM). HAProxy's and nghttp2's default.
+  unsigned max_concurrent_streams = 100;
+  /// grpc.health_path: the RPC that health-checks gRPC targets (Ray's template replays this call
+  /// and looks for "success" in the reply; grpc-status 0 is required too).
+  std::string health_path = "/ray.serve.RayServeAPIService/Healthz";
+  bool enabled() const { return !listen.host.empty(); }
+  bool operator==(const grpc_settings&) const = default;
+};
+
 struct config {
   std::string config_file;                       ///< --config (not a YAML key)
   host_port listen{"0.0.0.0", 8000};             ///< listen / --listen
@@ -147,6 +162,7 @@ struct config {
   health_settings health;
   drain_settings drain;
   tls_settings tls;
+  grpc_settings grpc;
   bool operator==(const config&) const = default;
 
   /// threads with 0 resolved to the number of CPUs.

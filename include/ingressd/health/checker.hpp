@@ -36,6 +36,7 @@ namespace ingressd::health {
 struct target_ref {
   std::string key;
   tcp::endpoint dial;
+  bool grpc = false;  ///< a gRPC target: checked with the gRPC health call (grpc_probe.hpp)
   bool operator==(const target_ref&) const = default;
 };
 
@@ -56,7 +57,9 @@ class checker {
   /// failed)"); empty when it came UP.
   using change_callback = std::function<void(const std::string& key, bool up, const std::string& cause)>;
 
-  checker(asio::io_context& ioc, config::health_settings settings, change_callback on_change);
+  /// `grpc_path`: the call that checks gRPC targets (grpc.health_path).
+  checker(asio::io_context& ioc, config::health_settings settings, change_callback on_change,
+          std::string grpc_path = config::grpc_settings{}.health_path);
   ~checker();
   checker(const checker&) = delete;
   checker& operator=(const checker&) = delete;

@@ -9,7 +9,7 @@
 // Fields (always present, in this order; null when not applicable):
 //   time            request start (head started arriving), UTC, RFC 3339 with milliseconds
 //   client          client IP address
-//   listener        "http" (listen) or "https" (tls.listen): the listener that served the request
+//   listener        "http" (listen), "https" (tls.listen) or "grpc" (grpc.listen)
 //   method, path    request method and path (without the query string)
 //   app             matched app name ("" when none)
 //   status          status sent to the client; 499 when the client left before any response,
@@ -27,7 +27,11 @@
 //   termination     ok | client_abort | upstream_abort | timeout | error | shutdown
 //   reason          X-Serve-Reason of a response ingressd generated, else null
 //   request_id      the X-Request-Id sent to the router and the replica (client's or generated);
-//                   for requests answered before routing, the client's X-Request-Id or null
+//                   for requests answered before routing, the client's X-Request-Id or null;
+//                   for gRPC calls the client's x-request-id metadata or null
+//   grpc_status     gRPC calls (listener "grpc"): the grpc-status the client got (1 CANCELLED
+//                   when it reset the call first); null for HTTP requests. A gRPC call's `path`
+//                   is /package.Service/Method, `status` 200 (0 when no response started).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -69,6 +73,7 @@ struct access_entry {
   termination term = termination::ok;
   std::string_view reason;  ///< "" = null
   std::string_view request_id;  ///< "" = null
+  int grpc_status = -1;  ///< -1 = null (not a gRPC call)
 };
 
 /// Appends `e` as one JSON object (no newline). Strings are escaped; invalid UTF-8 becomes U+FFFD.

@@ -2,6 +2,9 @@
 // The /metrics body (contract §6): sums every worker's blocks and renders all ingressd_ families
 // in Prometheus text format. Runs on the admin thread; never touches worker-owned state other
 // than through single-writer counters and worker_metrics::visit.
+#include <array>
+
+#include "ingressd/grpc/protocol.hpp"
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -44,6 +47,13 @@ struct scrape_input {
     std::int64_t not_after = 0;     ///< ingressd_tls_certificate_expiry_timestamp_seconds
   };
   std::optional<tls_input> tls;
+  /// The gRPC listener (grpc.listen); nullopt without one.
+  struct grpc_input {
+    std::uint64_t connections = 0;  ///< ingressd_grpc_connections
+    std::uint64_t streams = 0;      ///< ingressd_grpc_active_streams
+    std::array<std::uint64_t, grpc::conn_error_count> conn_errors{};  ///< ingressd_grpc_connection_errors_total
+  };
+  std::optional<grpc_input> grpc;
   /// The process_* families (descriptors, memory, CPU); nullopt leaves them out.
   std::optional<process_stats> process;
 };

@@ -11,6 +11,7 @@
 // too (their series stay on /metrics with their last values); the label set stays bounded by the
 // app names the topology ever had. Router slots follow the app's current router pool (counts of
 // a router that stays in the pool are carried over).
+#include "ingressd/grpc/protocol.hpp"
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -112,6 +113,10 @@ struct app_metrics {
   /// ingressd_generated_responses_total: responses ingressd generated itself, by reason (the
   /// X-Serve-Reason it sent), indexed by the enum's value.
   std::array<counter, reason_count> generated;
+  /// ingressd_grpc_requests_total: gRPC calls of this app by the grpc-status the client got
+  /// (1 CANCELLED when it reset the call first).
+  std::array<counter, grpc::status_count> grpc_status;
+  histogram grpc_duration;  ///< ingressd_grpc_request_duration_seconds
 
   /// The slot of the router at `pool_index` in the app's current pool (checked against `key`;
   /// a pool that changed since the caller's snapshot is searched by key). nullptr when the
@@ -135,7 +140,8 @@ class worker_metrics {
   /// Owning thread: makes sure every app of `snap` has a block and that each block's router
   /// slots follow its app's router pool. Returns the blocks parallel to snap.apps (apps that
   /// share a name share a block).
-  std::vector<app_metrics*> apply(const topology::snapshot& snap);
+  /// `grpc`, when given, gets the blocks parallel to snap.grpc_apps (same name, same block).
+  std::vector<app_metrics*> apply(const topology::snapshot& snap, std::vector<app_metrics*>* grpc = nullptr);
   /// The block of requests that matched no app (label app="").
   app_metrics& no_app() noexcept { return *blocks_.front(); }
 

@@ -73,6 +73,7 @@ class daemon {
   std::uint16_t port() const;
   std::uint16_t admin_port() const;
   std::uint16_t tls_port() const;  ///< 0 without tls.listen
+  std::uint16_t grpc_port() const;  ///< 0 without grpc.listen
 
   /// SIGTERM: starts the drain of contract §7 and returns at once. `wait()` returns when done.
   void begin_drain();

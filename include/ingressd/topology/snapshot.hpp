@@ -87,6 +87,15 @@ struct snapshot {
   std::vector<app_view> apps;            ///< index = app index in routes
   routing::route_table routes;
   std::optional<endpoint> fallback;      ///< fallback_targets.HTTP (apps may have their own)
+  /// gRPC apps (document::grpc_apps), in document order; route_prefix, routers unused. An app's
+  /// `fallback` is its group's fallback_target, else fallback_targets.gRPC.
+  std::vector<app_view> grpc_apps;
+  std::optional<endpoint> grpc_fallback;  ///< fallback_targets.gRPC
+  /// gRPC app name -> index into grpc_apps (the `application` metadata's lookup).
+  std::unordered_map<std::string, std::size_t> grpc_by_name;
+  /// Keys of `states` that are gRPC targets (replicas and fallbacks): health-checked with the
+  /// gRPC health RPC instead of an HTTP GET.
+  std::unordered_map<std::string, bool> grpc_keys;
   /// Live state of every replica and fallback target, by key (endpoint::state points here).
   std::unordered_map<std::string, std::shared_ptr<upstream_state>> states;
   std::uint64_t generation = 0;          ///< increases with each published change

@@ -22,7 +22,9 @@ struct target {
   bool operator==(const target&) const = default;
 };
 
-/// One HTTP `TargetGroup` (gRPC groups are dropped at parse time).
+/// One `TargetGroup`: an HTTP app (document::apps) or a gRPC app (document::grpc_apps; its
+/// route_prefix is kept but unused, routers and router fallback do not apply: Ray's ingress
+/// request router is HTTP-only).
 struct app {
   std::string name;                 ///< app_name
   std::string route_prefix;         ///< "/" or "/x" (no trailing slash except "/")
@@ -40,12 +42,18 @@ struct app {
 struct document {
   std::vector<app> apps;                 ///< in document order
   std::optional<target> http_fallback;   ///< fallback_targets.HTTP: every app's fallback unless it has its own
+  /// `protocol: "gRPC"` groups, in document order; app names are unique among them.
+  std::vector<app> grpc_apps;
+  /// fallback_targets.gRPC: the head node's Serve gRPC proxy, where calls of a gRPC app with no
+  /// healthy replica go (and Serve's own RayServeAPIService calls).
+  std::optional<target> grpc_fallback;
   /// False for Ray's `ServeInstanceDetails` without `target_groups`: what the dashboard answers
   /// while Serve is not running. A valid, empty topology (no apps), not an error (contract §9).
   bool serve_running = true;
-  std::vector<std::string> warnings;     ///< e.g. "ignored gRPC group 'x'" (logged once by the caller)
+  std::vector<std::string> warnings;     ///< e.g. "... lists Serve proxies" (logged once by the caller)
   bool operator==(const document& o) const {
-    return apps == o.apps && http_fallback == o.http_fallback && serve_running == o.serve_running;
+    return apps == o.apps && http_fallback == o.http_fallback && serve_running == o.serve_running &&
+           grpc_apps == o.grpc_apps && grpc_fallback == o.grpc_fallback;
   }
 };
 

@@ -1,0 +1,90 @@
+#include "ingressd/grpc/protocol.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include "ingressd/topology/snapshot.hpp"
+
+namespace ingressd::grpc {
+
+status status_of_h2_error(std::uint32_t code) noexcept {
+  switch (code) {
+    case 0x7: return status::unavailable;         // REFUSED_STREAM
+    case 0x8: return status::cancelled;           // CANCEL
+    case 0xb: return status::resource_exhausted;  // ENHANCE_YOUR_CALM
+    case 0xc: return status::permission_denied;   // INADEQUATE_SECURITY
+    default: return status::internal;
+  }
+}
+
+std::optional<std::chrono::nanoseconds> parse_timeout(std::string_view text) noexcept {
+  if (text.size() < 2 || text.size() > 9) return std::nullopt;
+  const char unit = text.back();
+  text.remove_suffix(1);
+  std::uint64_t n = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + static_cast<unsigned>(c - '0');
+  }
+  using namespace std::chrono;
+  // At most 99,999,999 hours: clamp to what nanoseconds hold (~292 years) first.
+  constexpr std::uint64_t max_ns = static_cast<std::uint64_t>(nanoseconds::max().count());
+  auto scaled = [&](std::uint64_t per) -> nanoseconds {
+    if (n > max_ns / per) return nanoseconds::max();
+    return nanoseconds(static_cast<std::int64_t>(n * per));
+  };
+  switch (unit) {
+    case 'H': return scaled(3'600'000'000'000ull);
+    case 'M': return scaled(60'000'000'000ull);
+    case 'S': return scaled(1'000'000'000ull);
+    case 'm': return scaled(1'000'000ull);
+    case 'u': return scaled(1'000ull);
+    case 'n': return scaled(1);
+    default: return std::nullopt;
+  }
+}
+
+std::string encode_message(std::string_view text) {
+  static constexpr char hex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c <= 0x7e && c != '%') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(hex[c >> 4]);
+      out.push_back(hex[c & 0xf]);
+    }
+  }
+  return out;
+}
+
+std::optional<unsigned> parse_status(std::string_view text) noexcept {
+  unsigned v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || p != text.data() + text.size() || text.empty() || v >= status_count) return std::nullopt;
+  return v;
+}
+
+std::optional<std::size_t> pick_app(const topology::snapshot& snap, std::optional<std::string_view> application) {
+  if (snap.grpc_apps.size() == 1) return 0;
+  if (!application) return std::nullopt;
+  if (auto it = snap.grpc_by_name.find(std::string(*application)); it != snap.grpc_by_name.end()) return it->second;
+  return std::nullopt;
+}
+
+std::string_view to_string(conn_error e) noexcept {
+  switch (e) {
+    case conn_error::protocol: return "protocol";
+    case conn_error::flow_control: return "flow_control";
+    case conn_error::compression: return "compression";
+    case conn_error::flood: return "flood";
+    case conn_error::header_list: return "header_list";
+    case conn_error::reset_flood: return "reset_flood";
+    case conn_error::timeout: return "timeout";
+  }
+  return "protocol";
+}
+
+}  // namespace ingressd::grpc
