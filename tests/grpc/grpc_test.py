@@ -27,7 +27,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import support  # noqa: E402
-from support import group, jdump, jload, metric_value, target, topology  # noqa: E402
+from support import (group, jdump, jload, metric_value, replica_key, replica_up, target,  # noqa: E402
+                     topology)
 
 import grpc  # noqa: E402
 
@@ -356,12 +357,12 @@ class GrpcTest(unittest.TestCase):
     def test_health_down_moves_traffic(self):
         r1, r2 = self.replica("r1"), self.replica("r2")
         d = self.ingressd(topology(group("app", [target(r1), target(r2)])), config=HEALTH_FAST_CONFIG)
-        d.wait_grpc_apps({"app": [r1.key, r2.key]}, up={r1.key, r2.key})
+        d.wait_grpc_apps({"app": [r1.key, r2.key]}, up={r1.key, r2.key}, need_listing=True)
         r1.control("SetHealthy", {"healthy": False})
 
         def r1_down():
-            reps = {r["key"]: r for r in d.grpc_apps()["app"]["replicas"]}
-            return not reps[r1.key]["up"] and reps[r2.key]["up"]
+            reps = {replica_key(r): r for r in d.grpc_apps()["app"]["replicas"]}
+            return not replica_up(reps[r1.key]) and replica_up(reps[r2.key])
         d.wait_until("r1 marked down", r1_down)
         self.assertGreater(r1.calls("/ray.serve.RayServeAPIService/Healthz"), 0,
                            "r1 was never health-checked with the Healthz RPC")
@@ -372,7 +373,7 @@ class GrpcTest(unittest.TestCase):
             self.assertEqual(reply["replica"], "r2")
         self.assertEqual(r1.calls(UNARY), before)
         r1.control("SetHealthy", {"healthy": True})
-        d.wait_grpc_apps({"app": [r1.key, r2.key]}, up={r1.key, r2.key})
+        d.wait_grpc_apps({"app": [r1.key, r2.key]}, up={r1.key, r2.key}, need_listing=True)
 
     # --- admin, metrics, access log ------------------------------------------------------------
     def test_metrics_counts(self):
@@ -444,9 +445,10 @@ class GrpcTest(unittest.TestCase):
             group("beta", [target(r3, "SERVE_REPLICA::beta#B#r3")]),
             group("web", [], protocol="HTTP", route_prefix="/web")))
         apps = d.wait_grpc_apps({"alpha": [r1.key, r2.key], "beta": [r3.key]},
-                                up={r1.key, r2.key, r3.key})
+                                up={r1.key, r2.key, r3.key}, need_listing=True)
         self.assertEqual(set(apps), {"alpha", "beta"}, "grpc_apps lists exactly the gRPC groups")
-        got = {app: sorted((r["key"], r["name"], r["up"]) for r in apps[app]["replicas"]) for app in apps}
+        got = {app: sorted((replica_key(r), r["name"], replica_up(r)) for r in apps[app]["replicas"])
+               for app in apps}
         self.assertEqual(got, {
             "alpha": sorted([(r1.key, "SERVE_REPLICA::alpha#A#r1", True),
                              (r2.key, "SERVE_REPLICA::alpha#A#r2", True)]),
