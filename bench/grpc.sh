@@ -278,6 +278,9 @@ run_unary() {
     emit "$round" "$proxy" "$scen" others_on_core "$(awk -v b="$(busy_pct "$s0" "$s1")" -v t="$ticks" -v hz="$CLK_TCK" -v e="$elapsed" 'BEGIN{v=b-100*t/hz/e; printf "%.1f", v<0?0:v}')"
   fi
   log "[r$round] $scen $proxy: $(awk -F'\t' -v r="$round" -v p="$proxy" -v s="$scen" '$1==r && $2==p && $3==s {printf "%s=%s ", $4, $5}' "$RESULTS")"
+  # nothing completed: what the replica saw (send_windows 0: the proxy stopped granting HTTP/2
+  # flow-control window on its upstream connection, so the replica cannot send DATA)
+  ((ok > 0)) || log "[r$round] $scen $proxy: NO CALL COMPLETED; replica: $st1"
 }
 
 # run_stream ROUND PROXY: the server-stream latency client

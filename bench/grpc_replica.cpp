@@ -15,7 +15,9 @@
 //                       bytes 8-15 / 16-23, little-endian); trailers grpc-status 0 after the last
 //   /ray.serve.RayServeAPIService/Healthz   "\n\x07success" (HealthzResponse{message:"success"})
 //   /bench.Echo/Stats   text "conns_accepted=.. conns_open=.. unary=.. stream=.. stream_msgs=..
-//                       healthz=.. other=.." (the bench reads the calls the replica served)
+//                       healthz=.. other=.. send_windows=W,W,.." (the bench reads the calls the
+//                       replica served; W: the connection-level send window each other open
+//                       connection's peer has left the replica)
 //   anything else       trailers-only response, grpc-status 12 (UNIMPLEMENTED)
 //   --hold-back: a stream's even-numbered messages (0, 2, ...) are made on time but written only
 //   with the next one, as a proxy that holds messages back would: the stream client must count
@@ -155,6 +157,7 @@ bool hold_back = false;
 std::string fixed_payload;
 std::set<std::pair<int64_t, Stream*>> timers;
 std::vector<Conn*> dirty;
+std::set<Conn*> conns;
 volatile sig_atomic_t stop = 0;
 
 void mark_dirty(Conn* c) {
@@ -263,7 +266,13 @@ void handle(Stream* st) {
              " stream_msgs=%" PRIu64 " healthz=%" PRIu64 " other=%" PRIu64,
              stats.conns_accepted, stats.conns_open, stats.unary, stats.stream, stats.stream_msgs,
              stats.healthz, stats.other);
-    st->out = grpc_frame(b);
+    // the send windows the peers left us (connection level): a proxy that stops granting them
+    // leaves the replica unable to send DATA (e.g. not consuming data of streams it reset)
+    std::string m = b;
+    m += " send_windows=";
+    for (Conn* c : conns)
+      if (c != st->conn) m += std::to_string(nghttp2_session_get_remote_window_size(c->s)) + ",";
+    st->out = grpc_frame(m);
     st->finished = true;
   } else {
     st->kind = Kind::Other;
@@ -336,6 +345,7 @@ void close_conn(Conn* c) {
   }
   c->streams.clear();
   nghttp2_session_del(c->s);
+  conns.erase(c);
   --stats.conns_open;
   auto it = std::find(dirty.begin(), dirty.end(), c);
   if (it != dirty.end()) dirty.erase(it);
@@ -400,6 +410,7 @@ void on_accept() {
     nghttp2_session_set_local_window_size(c->s, NGHTTP2_FLAG_NONE, 0, 1 << 24);
     ++stats.conns_accepted;
     ++stats.conns_open;
+    conns.insert(c);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = c;

@@ -79,7 +79,9 @@ def main():
     def ratio(scen, metric):
         i = data.get(("ingressd", scen, metric), {})
         h = data.get(("haproxy", scen, metric), {})
-        rs = [i[r] / h[r] for r in sorted(i) if r in h and h[r]]
+        # a round where either side completed nothing has no ratio
+        done = lambda p, r: data.get((p, scen, "calls_s" if scen != "stream" else "messages"), {}).get(r, 1) > 0
+        rs = [i[r] / h[r] for r in sorted(i) if r in h and h[r] and done("ingressd", r) and done("haproxy", r)]
         if not rs:
             return None
         return statistics.median(rs), min(rs), max(rs)
@@ -129,6 +131,9 @@ def main():
     problems = []
     for p in cols:
         for scen in scenarios:
+            for r, v in data.get((p, scen, "calls_s"), {}).items():
+                if v <= 0:
+                    problems.append("%s %s round %d: no call completed" % (p, scen, r))
             e = agg(p, scen, "errors", "sum")
             if e and e[0] > 0:
                 problems.append("%s %s: %d errors" % (p, scen, e[0]))
@@ -158,6 +163,8 @@ def main():
         print("  CPU per unary call <= HAProxy's, %s: ingressd/HAProxy %.2f [%.2f-%.2f]: %s"
               % (scen, x[0], x[1], x[2], verdict))
     hb = agg("ingressd", "stream", "held_back", "sum")
+    if not agg("ingressd", "stream", "messages", "sum") or not agg("ingressd", "stream", "messages", "sum")[0]:
+        hb = None
     hbh = agg("haproxy", "stream", "held_back", "sum")
     if hb is None:
         print("  no message of a stream held back: no data")
