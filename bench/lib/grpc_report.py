@@ -171,8 +171,10 @@ def main():
     else:
         pw = agg("ingressd", "stream", "proxy_runq_ms", "sum")
         cw = agg("ingressd", "stream", "client_runq_ms", "sum")
-        print("  no message of a stream held back: ingressd %d held back (HAProxy %s): %s"
-              % (hb[0], "%d" % hbh[0] if hbh else "-", "PASS" if hb[0] == 0 else "MISS"))
+        hbd = agg("direct", "stream", "held_back", "sum")
+        print("  no message of a stream held back: ingressd %d held back (HAProxy %s, direct %s: the host's"
+              " noise floor): %s" % (hb[0], "%d" % hbh[0] if hbh else "-", "%d" % hbd[0] if hbd else "-",
+                                    "PASS" if hb[0] == 0 else "MISS"))
         if hb[0]:
             print("    (in those runs ingressd waited %.1f ms and the client %.1f ms for a core: a process kept"
                   " off its core for >= 10 ms holds messages back too)" % (pw[0] if pw else 0, cw[0] if cw else 0))
