@@ -224,12 +224,20 @@ start_proxies() {
   fi
   wait_port 127.0.0.1 "$P_HAP" || { tail -20 "$TMP/haproxy.log" >&2; exit 1; }
 }
-stop_proxies() {
-  local pid
-  for pid in "$ING_PID" "$HAP_PID"; do
+stop_proxies() { # ROUND: SIGTERM each proxy, up to 5 s to go; its exit status goes to the results
+  local name pid rc keep p
+  for name in ingressd haproxy; do
+    pid=$(proxy_pid "$name")
     [ -n "$pid" ] || continue
-    kill -0 "$pid" 2>/dev/null || log "ERROR: proxy pid $pid died during the run (see logs)"
-    stop_pid "$pid"
+    kill -0 "$pid" 2>/dev/null || log "ERROR: $name (pid $pid) died during the run (see $TMP/$name.log)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    rc=0; wait "$pid" 2>/dev/null || rc=$?
+    keep=(); for p in "${PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done; PIDS=("${keep[@]}")
+    emit "$1" "$name" stop exit_status "$rc"
+    # 0 or 143 (SIGTERM's default action) is a clean stop; 139 = SIGSEGV, 137 = killed after 5 s
+    ((rc == 0 || rc == 143)) || log "[r$1] WARNING: $name exited with status $rc on SIGTERM (its log: $name.log, kept with --keep)"
   done
   ING_PID=""; HAP_PID=""
 }
@@ -338,7 +346,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
   for p in direct "${ORDER[@]}"; do run_unary "$r" "$p" 4 16; done
   for p in direct "${ORDER[@]}"; do run_unary "$r" "$p" 64 1; done
   for p in direct "${ORDER[@]}"; do run_stream "$r" "$p"; done
-  stop_proxies
+  stop_proxies "$r"
 done
 
 echo

@@ -143,6 +143,9 @@ def main():
                 if not 0 <= v <= limit:
                     problems.append("%s %s round %d: the replica served %+d calls vs h2load's (want 0..%d)"
                                     % (p, scen, r, v, limit))
+        for r, v in data.get((p, "stop", "exit_status"), {}).items():
+            if v not in (0, 143):
+                problems.append("%s round %d: exit status %d on SIGTERM%s" % (p, r, v, " (SIGSEGV)" if v == 139 else ""))
         fs = agg(p, "stream", "failed_streams", "sum")
         if fs and fs[0] > 0:
             problems.append("%s: %d failed streams" % (p, fs[0]))
