@@ -651,6 +651,11 @@ class upstream_link final : public link {
     auto c = std::move(it->second);
     l.calls.erase(it);
     c->up = nullptr;
+    // Bytes of this stream still queued for the client are acknowledged to the replica's
+    // connection now: once the stream is gone, taking them can no longer do it, and the
+    // connection window would shrink by them for good (a unary reply's data and trailers arrive
+    // together, so its stream is closed before the client side takes the data).
+    if (!c->resp.empty()) nghttp2_session_consume_connection(l.s(), c->resp.size());
     if (l.calls.empty()) l.idle_since = clock::now();
     if (!c->resp_end || error_code != NGHTTP2_NO_ERROR) l.hub_.upstream_gone(c, error_code, false);
     if (l.retired_ && l.calls.empty()) l.want_flush();
@@ -941,14 +946,22 @@ void grpc_hub::impl::respond(const call_ptr& c, bool end_stream) {
   cl.want_flush();
 }
 
+namespace {
+/// Cancels the call's upstream stream (RST_STREAM CANCEL) and takes it off that connection; its
+/// queued response bytes are acknowledged to the connection (see upstream on_stream_close).
+void cancel_upstream(call& c) {
+  if (!c.up) return;
+  auto* ul = c.up;
+  nghttp2_submit_rst_stream(ul->s(), NGHTTP2_FLAG_NONE, c.usid, NGHTTP2_CANCEL);
+  if (!c.resp.empty()) nghttp2_session_consume_connection(ul->s(), c.resp.size());
+  ul->calls.erase(c.usid);
+  c.up = nullptr;
+  ul->want_flush();
+}
+}  // namespace
+
 void grpc_hub::impl::fail(const call_ptr& c, grpc::status st, reason why, std::string_view text) {
-  if (c->up) {
-    auto* ul = c->up;
-    nghttp2_submit_rst_stream(ul->s(), NGHTTP2_FLAG_NONE, c->usid, NGHTTP2_CANCEL);
-    ul->calls.erase(c->usid);
-    c->up = nullptr;
-    ul->want_flush();
-  }
+  cancel_upstream(*c);
   c->mark.clear();
   if (!c->client || c->status) return;
   if (c->resp_end && c->resp_trailers.empty() && c->resp_trailers_only) return;  // already answered whole
@@ -1003,13 +1016,11 @@ void grpc_hub::impl::upstream_gone(const call_ptr& c, std::uint32_t error_code, 
 }
 
 void grpc_hub::impl::finish(const call_ptr& c, std::uint32_t error_code) {
-  if (c->up) {
-    auto* ul = c->up;
-    nghttp2_submit_rst_stream(ul->s(), NGHTTP2_FLAG_NONE, c->usid, NGHTTP2_CANCEL);
-    ul->calls.erase(c->usid);
-    c->up = nullptr;
-    ul->want_flush();
-  }
+  cancel_upstream(*c);
+  // Request bytes the replica never took: acknowledged to the client's connection, whose window
+  // would otherwise shrink by them for good.
+  if (c->client && !c->client->closed() && !c->req.empty())
+    nghttp2_session_consume_connection(c->client->s(), c->req.size());
   if (c->deadline) c->deadline->cancel();
   const bool complete = error_code == NGHTTP2_NO_ERROR && c->resp_end;
   metrics::termination term = metrics::termination::ok;
@@ -1074,10 +1085,10 @@ void grpc_hub::drain() {
   impl_->draining = true;
   std::vector<std::shared_ptr<client_link>> all(impl_->clients.begin(), impl_->clients.end());
   for (auto& l : all) l->drain();
-  for (auto& [key, list] : impl_->upstreams) {
-    auto copy = list;
-    for (auto& l : copy) l->retire();
-  }
+  // Collected first: retiring an idle connection closes it, which takes it out of the map.
+  std::vector<std::shared_ptr<upstream_link>> ups;
+  for (auto& [key, list] : impl_->upstreams) ups.insert(ups.end(), list.begin(), list.end());
+  for (auto& l : ups) l->retire();
   impl_->flush_dirty();
 }
 
