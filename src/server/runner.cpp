@@ -202,8 +202,10 @@ int run(int argc, const char* const* argv) {
     if (!serve_running)
       spdlog::info("topology: Serve is not running (no applications) (generation {})", snap->generation);
     else
-      spdlog::info("topology: {} apps, {} routers, {} replicas (generation {})", snap->apps.size(),
-                   snap->router_count(), snap->replica_count(), snap->generation);
+      spdlog::info("topology: {} apps, {} routers, {} replicas{} (generation {})", snap->apps.size(),
+                   snap->router_count(), snap->replica_count(),
+                   snap->grpc_apps.empty() ? std::string() : fmt::format(", {} gRPC apps", snap->grpc_apps.size()),
+                   snap->generation);
     // Replicas and fallback targets are checked (Ray's HAProxy checks its backup server too).
     std::vector<health::target_ref> targets;
     auto check = [&targets, seen = std::unordered_set<std::string>()](const topology::endpoint& e,

@@ -210,6 +210,10 @@ tls:
   ciphers: ECDHE-RSA-AES128-GCM-SHA256
   ciphersuites: TLS_AES_128_GCM_SHA256
   handshake_timeout: 3s
+grpc:
+  listen: 127.0.0.1:9000
+  max_concurrent_streams: 50
+  health_path: /grpc.health.v1.Health/Check
 )";
 
 TEST(ConfigYaml, EveryKeyIsParsed) {
@@ -273,6 +277,10 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
   EXPECT_EQ(cfg.tls.ciphers, "ECDHE-RSA-AES128-GCM-SHA256");
   EXPECT_EQ(cfg.tls.ciphersuites, "TLS_AES_128_GCM_SHA256");
   EXPECT_EQ(cfg.tls.handshake_timeout, 3s);
+
+  EXPECT_EQ(cfg.grpc.listen, (host_port{"127.0.0.1", 9000}));
+  EXPECT_EQ(cfg.grpc.max_concurrent_streams, 50u);
+  EXPECT_EQ(cfg.grpc.health_path, "/grpc.health.v1.Health/Check");
 }
 
 TEST(ConfigYaml, EveryKeyTestCoversEveryKnownKey) {
@@ -281,7 +289,8 @@ TEST(ConfigYaml, EveryKeyTestCoversEveryKnownKey) {
 }
 
 TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
-  // busy_poll_us and tls.handshake_timeout are the keys beyond the contract (docs/configuration.md).
+  // busy_poll_us, tls.handshake_timeout, grpc.max_concurrent_streams and grpc.health_path are the
+  // keys beyond the contract (docs/configuration.md).
   const std::set<std::string> contract{
       "listen", "admin_listen", "threads", "busy_poll_us", "node_ip", "root_path", "log_level", "access_log",
       "topology.file", "topology.ray_dashboard", "topology.url", "topology.poll_interval",
@@ -294,7 +303,8 @@ TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
       "client.max_body_bytes", "client.max_connections", "health.path", "health.interval",
       "health.fast_interval", "health.fall", "health.rise", "health.timeout", "health.error_limit",
       "drain.min_period", "drain.timeout", "tls.listen", "tls.cert_file", "tls.key_file", "tls.min_version",
-      "tls.ciphers", "tls.ciphersuites", "tls.handshake_timeout"};
+      "tls.ciphers", "tls.ciphersuites", "tls.handshake_timeout", "grpc.listen", "grpc.max_concurrent_streams",
+      "grpc.health_path"};
   EXPECT_EQ(known_key_set(), contract);
 }
 
@@ -881,5 +891,37 @@ TEST(ConfigValidate, TopologySourceRules) {
   EXPECT_TRUE(starts_with(validate(cfg, false)->message, "more than one topology source"));
 }
 
+
+TEST(ConfigGrpc, ListenerKeysFlagAndDefaults) {
+  const config d{};
+  EXPECT_FALSE(d.grpc.enabled());  // off by default
+  EXPECT_EQ(d.grpc.max_concurrent_streams, 100u);
+  EXPECT_EQ(d.grpc.health_path, "/ray.serve.RayServeAPIService/Healthz");
+  const auto c = load_ok("grpc:\n  listen: 127.0.0.1:9000\n  max_concurrent_streams: 8\n  health_path: /grpc.health.v1.Health/Check\n");
+  EXPECT_EQ(c.grpc.listen, (host_port{"127.0.0.1", 9000}));
+  EXPECT_EQ(c.grpc.max_concurrent_streams, 8u);
+  EXPECT_EQ(c.grpc.health_path, "/grpc.health.v1.Health/Check");
+  EXPECT_FALSE(load_ok("grpc:\n  listen: ''\n").grpc.enabled());
+  EXPECT_TRUE(starts_with(load_error("grpc:\n  max_concurrent_streams: 0\n"), "t.yaml:2: grpc.max_concurrent_streams"));
+  EXPECT_TRUE(starts_with(load_error("grpc:\n  health_path: Healthz\n"), "t.yaml:2: grpc.health_path"));
+  const char* argv[] = {"ingressd", "--topology-file", "/t.json", "--grpc-listen", "127.0.0.2:0"};
+  auto cl = parse_command_line(5, argv);
+  ASSERT_TRUE(std::holds_alternative<command_line>(cl));
+  EXPECT_EQ(std::get<command_line>(cl).cfg.grpc.listen, (host_port{"127.0.0.2", 0}));
+}
+
+TEST(ConfigValidate, GrpcListenerNeedsItsOwnAddress) {
+  auto cfg = with_source();
+  cfg.grpc.listen = {"0.0.0.0", cfg.listen.port};
+  auto err = validate(cfg, false);
+  ASSERT_TRUE(err);
+  EXPECT_TRUE(contains(err->message, "grpc.listen (0.0.0.0:8000) and listen"));
+  cfg.grpc.listen = cfg.admin_listen;
+  err = validate(cfg, false);
+  ASSERT_TRUE(err);
+  EXPECT_TRUE(contains(err->message, "grpc.listen") && contains(err->message, "and admin_listen"));
+  cfg.grpc.listen = {"127.0.0.1", 9000};
+  EXPECT_EQ(validate(cfg, false), std::nullopt);
+}
 }  // namespace
 }  // namespace ingressd::config

@@ -74,8 +74,9 @@ TEST(TopologyParse, TargetGroupsJson) {
   ASSERT_TRUE(d.http_fallback.has_value());
   EXPECT_EQ(*d.http_fallback, (target{"10.0.0.1", 8000, "i-head", "SERVE_PROXY_ACTOR-head"}));
 
-  ASSERT_EQ(d.warnings.size(), 1u);
-  EXPECT_EQ(d.warnings[0], "ignored gRPC target group 'grpc-llm'");
+  EXPECT_TRUE(d.warnings.empty());
+  ASSERT_EQ(d.grpc_apps.size(), 1u);
+  EXPECT_EQ(d.grpc_apps[0].name, "grpc-llm");
 }
 
 TEST(TopologyParse, YamlEqualsJson) {
@@ -97,8 +98,9 @@ TEST(TopologyParse, FullServeInstanceDetails) {
   EXPECT_EQ(d.apps[1].name, "embed");
   EXPECT_TRUE(d.apps[1].routers.empty());
   EXPECT_FALSE(d.http_fallback.has_value());
-  ASSERT_EQ(d.warnings.size(), 1u);
-  EXPECT_EQ(d.warnings[0], "ignored gRPC target group 'grpc_app'");
+  EXPECT_TRUE(d.warnings.empty());
+  ASSERT_EQ(d.grpc_apps.size(), 1u);
+  EXPECT_EQ(d.grpc_apps[0].name, "grpc_app");
 }
 
 TEST(TopologyParse, HaproxyModeDashboardProxyGroup) {
@@ -197,17 +199,40 @@ TEST(TopologyParse, UnknownFieldsAndOtherFallbackProtocolsIgnored) {
   const document d = parse_ok(R"({"target_groups": [
       {"app_name": "a", "route_prefix": "/a", "protocol": "HTTP", "future": {"x": [1]},
        "targets": [{"ip": "::1", "port": 65535, "name": "r", "zone": "z"}]}],
-      "fallback_targets": {"gRPC": {"ip": "x", "port": "y"}}, "extra": 1})");
+      "fallback_targets": {"WebSocket": {"ip": "x", "port": "y"}}, "extra": 1})");
   EXPECT_EQ(d.apps[0].replicas[0].port, 65535);
   EXPECT_FALSE(d.http_fallback.has_value());
 }
 
-TEST(TopologyParse, GrpcGroupIsDroppedWithoutFurtherValidation) {
+TEST(TopologyParse, GrpcGroupsAreGrpcApps) {
   const document d = parse_ok(R"({"target_groups": [
-      {"app_name": "g", "route_prefix": "/g", "protocol": "gRPC", "targets": [{"ip": "nope"}]}]})");
+      {"app_name": "g", "route_prefix": "/g", "protocol": "gRPC",
+       "targets": [{"ip": "10.0.0.1", "port": 40001, "instance_id": "n1", "name": "SERVE_REPLICA::g#G#a"}],
+       "ingress_request_router_targets": [], "fallback_target": {"ip": "10.0.0.9", "port": 9000, "name": "proxy"}}],
+      "fallback_targets": {"gRPC": {"ip": "10.0.0.8", "port": 9000, "name": "head"}}})");
   EXPECT_TRUE(d.apps.empty());
-  ASSERT_EQ(d.warnings.size(), 1u);
-  EXPECT_EQ(d.warnings[0], "ignored gRPC target group 'g'");
+  ASSERT_EQ(d.grpc_apps.size(), 1u);
+  EXPECT_EQ(d.grpc_apps[0].name, "g");
+  EXPECT_EQ(d.grpc_apps[0].replicas[0], (target{"10.0.0.1", 40001, "n1", "SERVE_REPLICA::g#G#a"}));
+  ASSERT_TRUE(d.grpc_apps[0].fallback);
+  EXPECT_EQ(d.grpc_apps[0].fallback->ip, "10.0.0.9");
+  ASSERT_TRUE(d.grpc_fallback);
+  EXPECT_EQ(d.grpc_fallback->name, "head");
+  EXPECT_TRUE(d.warnings.empty());
+  // Round trip, gRPC groups and the gRPC fallback included.
+  EXPECT_EQ(parse_ok(to_json(d)), d);
+}
+
+TEST(TopologyParse, GrpcGroupIsValidatedLikeAnHttpOne) {
+  EXPECT_EQ(parse_fail(R"({"target_groups": [
+      {"app_name": "g", "route_prefix": "/g", "protocol": "gRPC", "targets": [{"ip": "nope", "port": 1, "name": "r"}]}]})")
+                .rfind("target_groups[0].targets[0].ip", 0),
+            0u);
+  EXPECT_EQ(parse_fail(R"({"target_groups": [
+      {"app_name": "g", "route_prefix": "/g", "protocol": "gRPC", "targets": []},
+      {"app_name": "g", "route_prefix": "/h", "protocol": "gRPC", "targets": []}]})")
+                .rfind("target_groups[1].app_name", 0),
+            0u);
 }
 
 TEST(TopologyParse, GrpcGroupMayShareAnHttpPrefix) {
@@ -215,6 +240,7 @@ TEST(TopologyParse, GrpcGroupMayShareAnHttpPrefix) {
       {"app_name": "a", "route_prefix": "/a", "protocol": "HTTP", "targets": []},
       {"app_name": "a", "route_prefix": "/a", "protocol": "gRPC", "targets": []}]})");
   EXPECT_EQ(d.apps.size(), 1u);
+  EXPECT_EQ(d.grpc_apps.size(), 1u);
 }
 
 TEST(TopologyParse, SameReplicaNameInDifferentAppsIsFine) {
@@ -228,7 +254,7 @@ TEST(TopologyParse, SameReplicaNameInDifferentAppsIsFine) {
 TEST(TopologyParse, WarningsDoNotAffectEquality) {
   document a = parse_ok(R"({"target_groups": []})");
   document b = a;
-  b.warnings.push_back("ignored gRPC target group 'x'");
+  b.warnings.push_back("target group for route '/' lists Serve proxies, not replicas");
   EXPECT_EQ(a, b);
 }
 
