@@ -183,7 +183,7 @@ void daemon::start() {
     // not kill the process with SIGPIPE (nginx and HAProxy ignore it too).
     std::signal(SIGPIPE, SIG_IGN);
     if (!d.tls) {
-      auto loaded = tls::server_context::load(d.cfg->tls);
+      auto loaded = tls::server_context::load(d.cfg->tls, std::chrono::system_clock::now(), d.cfg->grpc.enabled());
       if (auto* err = std::get_if<std::string>(&loaded)) throw std::runtime_error(*err);
       d.tls = std::get<std::shared_ptr<const tls::server_context>>(std::move(loaded));
     }
@@ -296,7 +296,7 @@ std::optional<std::string> daemon::reload(std::shared_ptr<const config::config> 
   if (next->effective_threads() != cur->effective_threads()) return "threads cannot change without a restart";
   std::shared_ptr<const tls::server_context> tls;
   if (next->tls.enabled()) {
-    auto loaded = tls::server_context::load(next->tls);
+    auto loaded = tls::server_context::load(next->tls, std::chrono::system_clock::now(), next->grpc.enabled());
     if (auto* err = std::get_if<std::string>(&loaded)) return *err;
     tls = std::get<std::shared_ptr<const tls::server_context>>(std::move(loaded));
   }

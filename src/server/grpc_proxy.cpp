@@ -89,6 +89,7 @@ struct call {
   std::vector<header> headers;  // the request's regular headers (metadata), in order
   std::size_t header_bytes = 0;
   std::optional<std::string> application;
+  bool started = false;  // the request head is complete (the call was dispatched)
   std::string request_id;
   std::optional<std::chrono::nanoseconds> timeout;
 
@@ -150,9 +151,11 @@ namespace {
 /// of a turn's frames for one connection leave in one send.
 class link : public std::enable_shared_from_this<link> {
  public:
-  link(grpc_hub::impl& hub, socket_t sock) : hub_(hub), sock_(std::move(sock)) {
+  link(grpc_hub::impl& hub, socket_t sock, std::unique_ptr<tls::stream> tls = nullptr)
+      : hub_(hub), sock_(std::move(sock)), tls_(std::move(tls)) {
     error_code ignored;
     sock_.set_option(tcp::no_delay(true), ignored);
+    if (tls_) tls_->rebind(sock_);
   }
   virtual ~link() = default;
   link(const link&) = delete;
@@ -187,13 +190,35 @@ class link : public std::enable_shared_from_this<link> {
         }
         if (out_.empty()) break;
       }
+      if (tls_) {
+        std::size_t put = 0;
+        error_code ec;
+        switch (const auto r = tls_->write_now(out_.data() + out_off_, out_.size() - out_off_, put, ec)) {
+          case tls::stream::io::ok:
+            out_off_ += put;
+            continue;
+          case tls::stream::io::want_write:
+          case tls::stream::io::want_read: {
+            // The retry offers the same bytes (out_ is untouched until then), as OpenSSL asks.
+            const auto wait =
+                r == tls::stream::io::want_read ? asio::socket_base::wait_read : asio::socket_base::wait_write;
+            write_waiting_ = true;
+            asio::co_spawn(sock_.get_executor(), wait_writable(shared_from_this(), wait), asio::detached);
+            return;
+          }
+          default:
+            close();
+            return;
+        }
+      }
       const auto r = ::send(sock_.native_handle(), out_.data() + out_off_, out_.size() - out_off_,
                             MSG_DONTWAIT | MSG_NOSIGNAL);
       if (r < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
           write_waiting_ = true;
-          asio::co_spawn(sock_.get_executor(), wait_writable(shared_from_this()), asio::detached);
+          asio::co_spawn(sock_.get_executor(), wait_writable(shared_from_this(), asio::socket_base::wait_write),
+                         asio::detached);
           return;
         }
         close();
@@ -202,7 +227,7 @@ class link : public std::enable_shared_from_this<link> {
       out_off_ += static_cast<std::size_t>(r);
     }
     if (closing_ || (!nghttp2_session_want_read(s()) && !nghttp2_session_want_write(s()))) {
-      close();
+      finish();
       return;
     }
     after_flush();
@@ -220,14 +245,15 @@ class link : public std::enable_shared_from_this<link> {
     if (closed_) return;
     closed_ = true;
     error_code ignored;
+    if (tls_ && sock_.is_open()) tls_->shutdown_now();
     sock_.close(ignored);
     if (timer_) timer_->cancel();
     on_closed();
   }
 
  protected:
-  static awaitable<void> wait_writable(std::shared_ptr<link> self) {
-    auto [ec] = co_await self->sock_.async_wait(asio::socket_base::wait_write, nothrow);
+  static awaitable<void> wait_writable(std::shared_ptr<link> self, asio::socket_base::wait_type wait) {
+    auto [ec] = co_await self->sock_.async_wait(wait, nothrow);
     self->write_waiting_ = false;
     if (ec) {
       self->close();
@@ -240,7 +266,32 @@ class link : public std::enable_shared_from_this<link> {
   static awaitable<void> read_loop(std::shared_ptr<link> self) {
     std::vector<std::uint8_t> buf(read_size);
     while (!self->closed_ && !self->closing_) {
-      auto [ec, n] = co_await self->sock_.async_read_some(asio::buffer(buf), nothrow);
+      error_code ec;
+      std::size_t n = 0;
+      if (self->tls_) {
+        // Readiness-driven TLS (tls/stream.hpp): try, wait only when OpenSSL says so. Bytes it
+        // already holds (read with the handshake) come out before any wait.
+        switch (const auto r = self->tls_->read_now(buf.data(), buf.size(), n, ec)) {
+          case tls::stream::io::ok:
+            break;
+          case tls::stream::io::want_read:
+          case tls::stream::io::want_write: {
+            auto [wec] = co_await self->sock_.async_wait(
+                r == tls::stream::io::want_read ? asio::socket_base::wait_read : asio::socket_base::wait_write, nothrow);
+            if (self->closed_) co_return;
+            if (!wec) continue;
+            ec = wec;
+            break;
+          }
+          case tls::stream::io::eof:
+            ec = asio::error::eof;
+            break;
+          default:
+            if (!ec) ec = asio::error::connection_reset;
+        }
+      } else {
+        std::tie(ec, n) = co_await self->sock_.async_read_some(asio::buffer(buf), nothrow);
+      }
       if (self->closed_) break;
       if (ec) {
         self->on_read_error(ec);
@@ -256,12 +307,15 @@ class link : public std::enable_shared_from_this<link> {
   }
 
   virtual void on_closed() = 0;
+  /// Everything the session had to say is written: end the connection.
+  virtual void finish() { close(); }
   virtual void after_flush() {}
   virtual void on_read_error(const error_code&) {}
   virtual void on_recv_error(int rv) { terminate(rv == NGHTTP2_ERR_FLOODED ? NGHTTP2_ENHANCE_YOUR_CALM : NGHTTP2_PROTOCOL_ERROR); }
 
   grpc_hub::impl& hub_;
   socket_t sock_;
+  std::unique_ptr<tls::stream> tls_;  // gRPC over the HTTPS listener (ALPN h2)
   session_ptr s_;
   std::vector<std::uint8_t> out_;
   std::size_t out_off_ = 0;
@@ -284,7 +338,8 @@ class link : public std::enable_shared_from_this<link> {
 
 class client_link final : public link {
  public:
-  client_link(grpc_hub::impl& hub, socket_t sock) : link(hub, std::move(sock)) {
+  client_link(grpc_hub::impl& hub, socket_t sock, std::unique_ptr<tls::stream> tls)
+      : link(hub, std::move(sock), std::move(tls)) {
     remote_ = sock_.remote_endpoint(ignored_).address().to_string();
   }
 
@@ -348,12 +403,13 @@ class client_link final : public link {
 
  private:
   void arm_idle(std::chrono::nanoseconds after, bool first) {
+    if (lingering_) return;  // the timer bounds the lingering close now
     idle_first_ = first;
     timer_->expires_after(std::chrono::duration_cast<clock::duration>(after));
     std::weak_ptr<link> weak = shared_from_this();
     timer_->async_wait([weak](error_code ec) {
       auto self = std::static_pointer_cast<client_link>(weak.lock());
-      if (ec || !self || self->closed_ || !self->calls.empty()) return;
+      if (ec || !self || self->closed_ || self->lingering_ || self->active_ > 0) return;
       if (self->idle_first_) {
         self->fault(grpc::conn_error::timeout, NGHTTP2_NO_ERROR);
       } else {
@@ -378,10 +434,10 @@ class client_link final : public link {
 
   static int on_begin_frame(nghttp2_session*, const nghttp2_frame_hd* hd, void* user) {
     auto& l = self(user);
-    bool useful = false;
-    if (hd->type == NGHTTP2_HEADERS) useful = true;
-    if (hd->type == NGHTTP2_DATA && (hd->length > 0 || (hd->flags & NGHTTP2_FLAG_END_STREAM))) useful = true;
-    if (useful) {
+    // Every frame but HEADERS starts as a cheap one: a DATA frame earns its useful count in
+    // on_frame_recv once it is known to carry payload (padding alone does not; DATA on a closed
+    // stream never does), so that no padded or empty DATA flood passes as useful.
+    if (hd->type == NGHTTP2_HEADERS) {
       l.budget.useful();
     } else if (!l.budget.cheap()) {
       l.fault(grpc::conn_error::flood, NGHTTP2_ENHANCE_YOUR_CALM);
@@ -390,7 +446,19 @@ class client_link final : public link {
   }
 
   static int on_frame_send(nghttp2_session*, const nghttp2_frame* f, void* user) {
-    if (f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) self(user).budget.useful();
+    auto& l = self(user);
+    if (f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) l.budget.useful();
+    // Protocol errors nghttp2 finds itself (window overflow, bad HPACK, DATA on stream 0, too many
+    // streams, ...) end the connection with its own GOAWAY: counted here by its code.
+    if (f->hd.type == NGHTTP2_GOAWAY && f->goaway.error_code != NGHTTP2_NO_ERROR && !l.faulted_) {
+      l.faulted_ = true;
+      const auto code = f->goaway.error_code;
+      const auto why = code == NGHTTP2_FLOW_CONTROL_ERROR ? grpc::conn_error::flow_control
+                       : code == NGHTTP2_COMPRESSION_ERROR ? grpc::conn_error::compression
+                       : code == NGHTTP2_ENHANCE_YOUR_CALM ? grpc::conn_error::flood
+                                                           : grpc::conn_error::protocol;
+      l.hub_.w.stats().grpc_conn_errors[static_cast<std::size_t>(why)].add(1);
+    }
     return 0;
   }
 
@@ -405,7 +473,6 @@ class client_link final : public link {
     ++l.opened;
     ++l.hub_.streams;
     l.hub_.w.stats().grpc_streams.add(1);
-    if (l.timer_) l.timer_->cancel();
     (void)s;
     return 0;
   }
@@ -447,10 +514,15 @@ class client_link final : public link {
     if (!c) return 0;
     const bool end = (f->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
     if (f->hd.type == NGHTTP2_HEADERS && f->headers.cat == NGHTTP2_HCAT_REQUEST) {
+      // A whole request head: the connection is busy (the header or keep-alive deadline stops
+      // until its calls are done; a header block left half-sent keeps it running).
+      c->started = true;
+      if (l.active_++ == 0 && l.timer_) l.timer_->cancel();
       c->req_end = end;
       l.hub_.start(c);
       return 0;
     }
+    if (f->hd.type == NGHTTP2_DATA && f->hd.length > f->data.padlen) l.budget.useful();
     if ((f->hd.type == NGHTTP2_DATA || f->hd.type == NGHTTP2_HEADERS) && end && !c->req_end) {
       c->req_end = true;
       if (c->up) {
@@ -471,6 +543,36 @@ class client_link final : public link {
   bool draining_ = false;
   bool faulted_ = false;
   bool idle_first_ = true;
+  bool lingering_ = false;
+  std::size_t active_ = 0;  // calls whose request head is complete and that are not finished
+
+  /// After the last frame (a GOAWAY above all): the write side is shut, and what the client
+  /// still sends is read and dropped for up to a second before the socket closes. Closing with
+  /// unread bytes in the socket makes the kernel answer RST, which discards what was still queued
+  /// for the client — the GOAWAY that says why (HAProxy's and nginx's lingering close).
+  void finish() override {
+    if (closed_ || lingering_) return;
+    lingering_ = true;
+    closing_ = true;  // the read loop stops; linger() reads from here on
+    if (tls_) tls_->shutdown_now();
+    error_code ignored;
+    sock_.shutdown(asio::socket_base::shutdown_send, ignored);
+    asio::co_spawn(sock_.get_executor(), linger(std::static_pointer_cast<client_link>(shared_from_this())),
+                   asio::detached);
+  }
+  static awaitable<void> linger(std::shared_ptr<client_link> self) {
+    self->timer_->expires_after(std::chrono::seconds(1));
+    std::weak_ptr<link> weak = self;
+    self->timer_->async_wait([weak](error_code ec) {
+      if (auto l = weak.lock(); l && !ec) l->close();
+    });
+    std::array<std::uint8_t, 4096> sink;
+    for (;;) {
+      auto [ec, n] = co_await self->sock_.async_read_some(asio::buffer(sink), nothrow);
+      if (ec || self->closed_) break;
+    }
+    self->close();
+  }
 
   friend struct grpc_hub::impl;
 };
@@ -748,7 +850,8 @@ int client_link::on_stream_close(nghttp2_session*, std::int32_t sid, std::uint32
   if (error_code != NGHTTP2_NO_ERROR && !c->resp_started && !l.budget.reset_early(l.opened))
     l.fault(grpc::conn_error::reset_flood, NGHTTP2_ENHANCE_YOUR_CALM);
   l.hub_.finish(c, error_code);
-  if (l.calls.empty() && !l.closed_ && !l.draining_) l.arm_idle(l.hub_.w.cfg().client.keepalive_timeout, false);
+  if (c->started && --l.active_ == 0 && !l.closed_ && !l.draining_)
+    l.arm_idle(l.hub_.w.cfg().client.keepalive_timeout, false);
   if (l.calls.empty() && l.draining_) l.want_flush();
   return 0;
 }
@@ -760,6 +863,7 @@ void client_link::on_closed() {
   auto& st = hub_.w.stats();
   st.active_connections.sub(1);
   st.grpc_connections.sub(1);
+  if (tls_) st.tls_connections.sub(1);
   hub_.w.shared().connections.fetch_sub(1, std::memory_order_relaxed);
   hub_.clients.erase(std::static_pointer_cast<client_link>(shared_from_this()));
 }
@@ -1075,8 +1179,8 @@ grpc_hub::grpc_hub(worker& w) : impl_(std::make_unique<impl>(w)) {}
 
 grpc_hub::~grpc_hub() { abort_all(); }
 
-void grpc_hub::accept(socket sock) {
-  auto l = std::make_shared<client_link>(*impl_, std::move(sock));
+void grpc_hub::accept(socket sock, std::unique_ptr<tls::stream> tls) {
+  auto l = std::make_shared<client_link>(*impl_, std::move(sock), std::move(tls));
   impl_->clients.insert(l);
   l->start();
 }

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "ingressd/core/asio.hpp"
+#include "ingressd/tls/stream.hpp"
 
 namespace ingressd::server {
 
@@ -25,8 +26,10 @@ class grpc_hub {
   grpc_hub& operator=(const grpc_hub&) = delete;
 
   using socket = asio::basic_stream_socket<tcp, executor>;
-  /// A new connection on the gRPC listener (already counted in shared.connections).
-  void accept(socket sock);
+  /// A new connection on the gRPC listener (already counted in shared.connections), or a TLS
+  /// connection of the HTTPS listener whose ALPN chose h2 (`tls`: its handshake is done; the
+  /// connection is counted in tls_connections until it closes).
+  void accept(socket sock, std::unique_ptr<tls::stream> tls = nullptr);
   /// Drain: every client connection gets GOAWAY (open streams finish; new ones are refused) and
   /// closes once its streams are done; idle upstream connections close.
   void drain();

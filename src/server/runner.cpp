@@ -160,7 +160,7 @@ int run(int argc, const char* const* argv) {
   std::shared_ptr<const tls::server_context> tls_ctx;
   std::string tls_line;
   if (cfg->tls.enabled()) {
-    auto loaded = tls::server_context::load(cfg->tls);
+    auto loaded = tls::server_context::load(cfg->tls, std::chrono::system_clock::now(), cfg->grpc.enabled());
     if (auto* err = std::get_if<std::string>(&loaded)) {
       std::fprintf(stderr, "ingressd: %s\n", err->c_str());
       return 2;

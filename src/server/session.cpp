@@ -52,6 +52,7 @@ session::session(worker& w, client_socket sock, SSL_CTX* tls)
 session::~session() {
   // Idle memory accounting lives with the worker; nothing else to release here.
   w_.stats().active_connections.sub();
+  if (handed_over_) return;  // the gRPC connection counts it (and its TLS) from now on
   if (tls_) w_.stats().tls_connections.sub();
   w_.shared().connections.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -405,6 +406,14 @@ void session::handshake_step() {
     case tls::stream::io::ok:
       w_.stats().tls_handshakes.add();
       if (tls_->resumed()) w_.stats().tls_resumed.add();
+      if (tls_->alpn() == "h2") {
+        // ALPN chose h2 (a gRPC client; tls/context.cpp): the gRPC listener's code serves the
+        // connection from here on, and this session ends.
+        disarm();
+        handed_over_ = true;
+        w_.hand_to_grpc(std::move(sock_), std::move(tls_));
+        return;
+      }
       wait_idle();  // disarms the handshake deadline
       return;
     case tls::stream::io::want_read:

@@ -304,6 +304,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   std::shared_ptr<const config::config> cfg_;  // of the current request (SIGHUP-safe)
   client_socket sock_;
   std::unique_ptr<tls::stream> tls_;  // the HTTPS listener's connections only
+  bool handed_over_ = false;           // ALPN h2: the connection went to the gRPC listener's code
   boost::beast::flat_buffer buf_;
   std::unique_ptr<request_parser> parser_;  // on the heap: an idle connection holds none
   watchdog_timer timer_;

@@ -213,6 +213,10 @@ awaitable<void> worker::idle_loop() {
 
 void worker::add_session(session& s) { sessions_.push_back(s); }
 
+void worker::hand_to_grpc(asio::basic_stream_socket<tcp, executor> sock, std::unique_ptr<tls::stream> tls) {
+  grpc_->accept(std::move(sock), std::move(tls));
+}
+
 std::unique_ptr<request_scratch> worker::take_scratch() {
   if (spare_scratch_.empty()) return std::make_unique<request_scratch>(ioc_);
   auto s = std::move(spare_scratch_.back());

@@ -207,6 +207,8 @@ class worker {
   bool healthy() const;  ///< topology loaded and (no apps, or some app has a healthy replica or fallback)
 
   void add_session(session& s);
+  /// A TLS connection whose ALPN chose h2 (gRPC over the HTTPS listener): served as gRPC.
+  void hand_to_grpc(asio::basic_stream_socket<tcp, executor> sock, std::unique_ptr<tls::stream> tls);
   std::size_t session_count() const { return sessions_.size(); }
 
  private:

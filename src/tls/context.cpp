@@ -128,17 +128,25 @@ int ticket_callback(SSL*, unsigned char* name, unsigned char* iv, EVP_CIPHER_CTX
   return encrypt == 1 ? 1 : 2;
 }
 
-/// ALPN: http/1.1 when the client offers it (h2 belongs to the gRPC listener). No overlap is not
-/// an error: the client may still speak HTTP/1.1 without ALPN.
+/// ALPN: http/1.1 whenever the client offers it, so that browsers and curl (which offer h2 first)
+/// keep the HTTP/1.1 request path; h2 only to a client that offers h2 and not http/1.1 — what gRPC
+/// clients do — and only with a gRPC listener (`arg` non-null): such connections are served as
+/// gRPC (src/server/grpc_proxy.cpp). No overlap is not an error: the client may still speak
+/// HTTP/1.1 without ALPN.
 int alpn_select(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in, unsigned inlen,
-                void*) {
-  static constexpr unsigned char ours[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+                void* arg) {
+  static constexpr unsigned char http11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+  static constexpr unsigned char h2[] = {2, 'h', '2'};
   unsigned char* chosen = nullptr;
-  if (SSL_select_next_proto(&chosen, outlen, ours, sizeof ours, in, inlen) != OPENSSL_NPN_NEGOTIATED) {
-    return SSL_TLSEXT_ERR_NOACK;
+  if (SSL_select_next_proto(&chosen, outlen, http11, sizeof http11, in, inlen) == OPENSSL_NPN_NEGOTIATED) {
+    *out = chosen;
+    return SSL_TLSEXT_ERR_OK;
   }
-  *out = chosen;
-  return SSL_TLSEXT_ERR_OK;
+  if (arg != nullptr && SSL_select_next_proto(&chosen, outlen, h2, sizeof h2, in, inlen) == OPENSSL_NPN_NEGOTIATED) {
+    *out = chosen;
+    return SSL_TLSEXT_ERR_OK;
+  }
+  return SSL_TLSEXT_ERR_NOACK;
 }
 
 /// A readable file, or why not (errno's words): OpenSSL's own message for a missing file is a
@@ -159,7 +167,7 @@ server_context::~server_context() {
 }
 
 std::variant<std::shared_ptr<const server_context>, std::string> server_context::load(
-    const config::tls_settings& s, std::chrono::system_clock::time_point now) {
+    const config::tls_settings& s, std::chrono::system_clock::time_point now, bool h2) {
   ERR_clear_error();
   std::shared_ptr<server_context> c(new server_context());
   c->ctx_ = SSL_CTX_new(TLS_server_method());
@@ -226,7 +234,8 @@ std::variant<std::shared_ptr<const server_context>, std::string> server_context:
   SSL_CTX_set_num_tickets(ctx, 1);
   static constexpr unsigned char sid_ctx[] = "ingressd";
   SSL_CTX_set_session_id_context(ctx, sid_ctx, sizeof sid_ctx - 1);
-  SSL_CTX_set_alpn_select_cb(ctx, alpn_select, nullptr);
+  static int h2_on = 1;  // any non-null argument: h2 may be chosen
+  SSL_CTX_set_alpn_select_cb(ctx, alpn_select, h2 ? &h2_on : nullptr);
   return std::shared_ptr<const server_context>(std::move(c));
 }
 

@@ -81,9 +81,9 @@ handshake_failure classify(unsigned long e) {
 
 }  // namespace
 
-stream::stream(socket_type& sock, SSL_CTX* ctx) : sock_(sock), ssl_(SSL_new(ctx)) {
+stream::stream(socket_type& sock, SSL_CTX* ctx) : sock_(&sock), ssl_(SSL_new(ctx)) {
   if (ssl_ == nullptr) return;  // out of memory: handshake_now reports it
-  SSL_set_fd(ssl_, sock_.native_handle());
+  SSL_set_fd(ssl_, sock_->native_handle());
   SSL_set_accept_state(ssl_);
 }
 

@@ -18,9 +18,12 @@ import json
 import os
 import queue
 import signal
+import re
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -72,10 +75,15 @@ class GrpcTest(unittest.TestCase):
         self.addCleanup(r.stop)
         return r
 
-    def ingressd(self, topo, config=support.DEFAULT_CONFIG, access_log=False):
-        d = support.Ingressd(topo, config=config, access_log=access_log)
+    def ingressd(self, topo, config=support.DEFAULT_CONFIG, access_log=False, extra_args=()):
+        d = support.Ingressd(topo, config=config, access_log=access_log, extra_args=extra_args)
         self.addCleanup(d.stop)
         return d
+
+    def tmpdir(self):
+        t = tempfile.TemporaryDirectory(prefix="ingressd-grpc-test-")
+        self.addCleanup(t.cleanup)
+        return t.name
 
     def two_apps(self, config=support.DEFAULT_CONFIG, access_log=False):
         ra, rb = self.replica("ra"), self.replica("rb")
@@ -480,6 +488,41 @@ class GrpcTest(unittest.TestCase):
         self.assertEqual(body, "http fake says hi")
         self.assertGreater(http_fake.gets_for("/web/hello") + http_fake.gets_for("/hello"), 0)
         self.assertEqual(self.unary(ch, app="alpha")[0]["replica"], "ra")
+
+    # --- gRPC over the HTTPS listener (ALPN h2) -------------------------------------------------
+    def test_grpc_over_tls_when_alpn_chooses_h2(self):
+        tmp = self.tmpdir()
+        cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=DNS:localhost,IP:" + support.THIS_NODE],
+                       check=True, capture_output=True)
+        ra = self.replica("ra")
+        d = self.ingressd(topology(group("alpha", [target(ra)])),
+                          extra_args=["--tls-listen", support.THIS_NODE + ":0", "--tls-cert", cert, "--tls-key", key])
+        m = re.search(r", https 127\.0\.0\.2:(\d+)", d.out.text())
+        self.assertTrue(m, d.out.text())
+        https_port = int(m.group(1))
+        d.wait_grpc_apps({"alpha": [ra.key]}, up={ra.key})
+        # A gRPC client offers h2 only: its calls are served as gRPC, streams and all.
+        ch = grpc.secure_channel("%s:%d" % (support.THIS_NODE, https_port),
+                                 grpc.ssl_channel_credentials(open(cert, "rb").read()))
+        self.addCleanup(ch.close)
+        body, _ = ch.unary_unary(UNARY).with_call(b"over tls", timeout=10)
+        self.assertEqual(jload(body)["replica"], "ra")
+        self.assertEqual(jload(body)["echo"], "over tls")
+        msgs = list(ch.unary_stream("/test.Echo/ServerStream")(jdump({"n": 20, "size": 30000}), timeout=20))
+        self.assertEqual(len(msgs), 20)
+
+        # A client that offers http/1.1 as well (browsers, curl) keeps HTTP/1.1.
+        def alpn(offer):
+            ctx = ssl.create_default_context(cafile=cert)
+            ctx.set_alpn_protocols(offer)
+            with socket.create_connection((support.THIS_NODE, https_port), timeout=10) as raw:
+                with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                    return tls.selected_alpn_protocol()
+        self.assertEqual(alpn(["h2", "http/1.1"]), "http/1.1")
+        self.assertEqual(alpn(["h2"]), "h2")
 
     # --- load ----------------------------------------------------------------------------------
     def test_many_concurrent_calls(self):

@@ -18,9 +18,11 @@ class server_context {
  public:
   /// Reads and checks `s.cert_file` and `s.key_file` and builds the context. The error names the
   /// key and file and says why: unreadable, not PEM, key does not match the certificate,
-  /// certificate expired or not yet valid (at `now`), a cipher list OpenSSL rejects.
+  /// certificate expired or not yet valid (at `now`), a cipher list OpenSSL rejects. `h2`: ALPN
+  /// may choose h2 (a gRPC listener exists; see alpn_select in context.cpp).
   static std::variant<std::shared_ptr<const server_context>, std::string> load(
-      const config::tls_settings& s, std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
+      const config::tls_settings& s, std::chrono::system_clock::time_point now = std::chrono::system_clock::now(),
+      bool h2 = false);
   ~server_context();
   server_context(const server_context&) = delete;
   server_context& operator=(const server_context&) = delete;

@@ -58,8 +58,11 @@ class stream {
   stream(const stream&) = delete;
   stream& operator=(const stream&) = delete;
 
-  executor_type get_executor() { return sock_.get_executor(); }
-  socket_type& socket() { return sock_; }
+  executor_type get_executor() { return sock_->get_executor(); }
+  socket_type& socket() { return *sock_; }
+  /// The socket moved to a new owner (a TLS connection whose ALPN chose h2 goes from the HTTP
+  /// session to the gRPC listener's connection): the same descriptor, a new object.
+  void rebind(socket_type& sock) { sock_ = &sock; }
 
   /// One handshake step.
   io handshake_now(error_code& ec);
@@ -83,12 +86,12 @@ class stream {
   template <class MutableBuffers, class Token>
   auto async_read_some(const MutableBuffers& bufs, Token&& token) {
     return asio::async_compose<Token, void(error_code, std::size_t)>(
-        io_op<read_buffers<MutableBuffers>>{this, {bufs}}, token, sock_);
+        io_op<read_buffers<MutableBuffers>>{this, {bufs}}, token, *sock_);
   }
   template <class ConstBuffers, class Token>
   auto async_write_some(const ConstBuffers& bufs, Token&& token) {
     return asio::async_compose<Token, void(error_code, std::size_t)>(
-        io_op<write_buffers<ConstBuffers>>{this, {bufs}}, token, sock_);
+        io_op<write_buffers<ConstBuffers>>{this, {bufs}}, token, *sock_);
   }
 
   /// The bytes one SSL_write takes from `begin..end`: the first buffer where it fills a record
@@ -159,10 +162,10 @@ class stream {
           switch (s->step(Buffers::write, buf.data(), buf.size(), moved, ec)) {
             case io::want_read:
               waited = true;
-              return s->sock_.async_wait(socket_type::wait_read, std::move(self));
+              return s->sock_->async_wait(socket_type::wait_read, std::move(self));
             case io::want_write:
               waited = true;
-              return s->sock_.async_wait(socket_type::wait_write, std::move(self));
+              return s->sock_->async_wait(socket_type::wait_write, std::move(self));
             case io::eof:
               ec = asio::error::eof;
               break;
@@ -180,7 +183,7 @@ class stream {
     }
   };
 
-  socket_type& sock_;
+  socket_type* sock_;
   SSL* ssl_ = nullptr;
   handshake_failure failure_ = handshake_failure::other;
 };
