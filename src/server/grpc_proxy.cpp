@@ -1067,8 +1067,8 @@ void cancel_upstream(call& c) {
 void grpc_hub::impl::fail(const call_ptr& c, grpc::status st, reason why, std::string_view text) {
   cancel_upstream(*c);
   c->mark.clear();
-  if (!c->client || c->status) return;
-  if (c->resp_end && c->resp_trailers.empty() && c->resp_trailers_only) return;  // already answered whole
+  // A call whose whole answer is in hand (the replica's trailers too) keeps it.
+  if (!c->client || c->status || c->resp_end) return;
   c->why = why;
   c->status = static_cast<unsigned>(st);
   const std::string code = std::to_string(static_cast<unsigned>(st));

@@ -16,6 +16,23 @@
 
 namespace ingressd::metrics {
 
+/// scrape_input::tls_input (at namespace scope: clang cannot default-construct a nested struct
+/// with member initializers inside std::optional before the enclosing class is complete).
+struct scrape_tls_input {
+  std::uint64_t requests = 0;     ///< requests_received that came over TLS
+  std::uint64_t connections = 0;  ///< ingressd_tls_connections
+  std::uint64_t handshakes = 0;   ///< ingressd_tls_handshakes_total (all: full + resumed)
+  std::uint64_t resumed = 0;
+  /// ingressd_tls_handshake_failures_total by reason (tls::handshake_failure's names)
+  std::vector<std::pair<std::string_view, std::uint64_t>> failures;
+  std::int64_t not_after = 0;     ///< ingressd_tls_certificate_expiry_timestamp_seconds
+};
+/// scrape_input::grpc_input.
+struct scrape_grpc_input {
+  std::uint64_t connections = 0;  ///< ingressd_grpc_connections
+  std::uint64_t streams = 0;      ///< ingressd_grpc_active_streams
+  std::array<std::uint64_t, grpc::conn_error_count> conn_errors{};  ///< ingressd_grpc_connection_errors_total
+};
 struct scrape_input {
   std::vector<const worker_metrics*> workers;
   std::uint64_t requests_received = 0;   ///< ingressd_requests_received_total
@@ -37,22 +54,12 @@ struct scrape_input {
   std::uint64_t accept_errors = 0;       ///< ingressd_accept_errors_total
   std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
   /// The HTTPS listener (tls.listen); nullopt without one.
-  struct tls_input {
-    std::uint64_t requests = 0;     ///< requests_received that came over TLS
-    std::uint64_t connections = 0;  ///< ingressd_tls_connections
-    std::uint64_t handshakes = 0;   ///< ingressd_tls_handshakes_total (all: full + resumed)
-    std::uint64_t resumed = 0;
-    /// ingressd_tls_handshake_failures_total by reason (tls::handshake_failure's names)
-    std::vector<std::pair<std::string_view, std::uint64_t>> failures;
-    std::int64_t not_after = 0;     ///< ingressd_tls_certificate_expiry_timestamp_seconds
-  };
+  using tls_input = scrape_tls_input;
+
   std::optional<tls_input> tls;
   /// The gRPC listener (grpc.listen); nullopt without one.
-  struct grpc_input {
-    std::uint64_t connections = 0;  ///< ingressd_grpc_connections
-    std::uint64_t streams = 0;      ///< ingressd_grpc_active_streams
-    std::array<std::uint64_t, grpc::conn_error_count> conn_errors{};  ///< ingressd_grpc_connection_errors_total
-  };
+  using grpc_input = scrape_grpc_input;
+
   std::optional<grpc_input> grpc;
   /// The process_* families (descriptors, memory, CPU); nullopt leaves them out.
   std::optional<process_stats> process;
