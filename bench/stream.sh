@@ -5,7 +5,7 @@
 #
 #   bench/stream.sh [--quick] [--rounds N] [--ns "500 2000 5000"] [--duration S] [--warmup S]
 #                   [--rate MIN-MAX|auto] [--events MIN-MAX] [--stall-ms MS] [--proxies "ingressd haproxy nginx"]
-#                   [--ingressd PATH] [--keep]
+#                   [--ingressd PATH] [--keep] [--syscalls]
 #
 # Each stream: a new client connection, POST /stream/v1/chat/completions (router call, then the
 # stream app's replica), K events of ~100 bytes at R events/s (K uniform in --events, default
@@ -36,6 +36,7 @@ EVENTS=100-400
 STALL_MS=100
 KEEP=0
 QUICK=0
+SYSCALLS=0   # --syscalls: count each proxy's system calls per event (perf trace -s) over the window
 SEL_PROXIES=""
 INGRESSD=${INGRESSD:-$ROOT/build/release/ingressd}
 PORT_BASE=${BENCH_PORT_BASE:-19100}
@@ -55,6 +56,7 @@ while (($#)); do
     --proxies) SEL_PROXIES=$2; shift ;;
     --ingressd) INGRESSD=$2; shift ;;
     --keep) KEEP=1 ;;
+    --syscalls) SYSCALLS=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -187,10 +189,25 @@ run_streams() {
     for p in $(proc_family "$pid"); do args+=(--pid "$p"); done
   fi
   tcp_counters >"$TMP/tcp0"
+  local tracer="" trace_out=$TMP/syscalls-$round-$n-$proxy.txt
+  if ((SYSCALLS)) && [ "$proxy" != direct ]; then
+    # perf trace over the measured window only (its overhead makes this run's timings worthless;
+    # the counts per event are what it is for)
+    (sleep "$WARMUP"; exec timeout -s INT "$DURATION" perf trace -s -o "$trace_out" -p "$(proc_family "$pid" | paste -sd,)") \
+      >/dev/null 2>&1 &
+    tracer=$!
+  fi
   json=$(taskset -c "$LOAD_CORE" "$CLIENT_BIN" --port "$port" "${args[@]}") || true
+  [ -n "$tracer" ] && { wait "$tracer" 2>/dev/null || true; }
   tcp_counters >"$TMP/tcp1"
   [ -n "$json" ] || { log "[r$round] N=$n $proxy: the client printed nothing"; return 0; }
   json="{\"round\":$round,\"rate\":\"$rate\",\"proxy\":\"$proxy\",\"load\":$(cut -d' ' -f1 /proc/loadavg),\"tcp\":$(tcp_delta_json "$TMP/tcp0" "$TMP/tcp1"),${json#\{}"
+  if [ -n "$tracer" ] && [ -s "$trace_out" ]; then
+    # "syscall calls ..." rows of perf trace -s, summed over threads -> per relayed event
+    json="${json%\}},\"syscalls\":$(awk -v ev="$(grep -o '"events":[0-9]*' <<<"$json" | head -1 | cut -d: -f2)" '
+      $2 ~ /^[0-9]+$/ && $1 ~ /^[a-z_0-9]+$/ && NF >= 8 {c[$1] += $2}
+      END {for (k in c) if (c[k] / ev >= 0.01) s = s sprintf("%s\"%s\":%.3f", (s ? "," : ""), k, c[k] / ev); printf "{%s}", s}' "$trace_out")}"
+  fi
   echo "$json" >>"$RESULTS"
   log "[r$round] N=$n $proxy: $(python3 "$LIB/stream_report.py" line --json "$json")"
 }

@@ -302,7 +302,7 @@ void on_ready(int fd, std::uint32_t events) {
 }
 
 struct proc_sample {
-  long long ticks = 0, rss_kib = 0, runq_ns = 0;
+  long long ticks = 0, sys_ticks = 0, rss_kib = 0, runq_ns = 0;
 };
 
 // Time the process's threads spent runnable but not running (/proc/PID/task/TID/schedstat, field
@@ -339,6 +339,7 @@ proc_sample sample(const std::vector<int>& pids) {
         if (i == 15) stime = std::atoll(f.c_str());
       }
       out.ticks += utime + stime;
+      out.sys_ticks += stime;
     }
     out.runq_ns += runq_wait_ns(pid);
     std::ifstream status("/proc/" + std::to_string(pid) + "/status");
@@ -533,13 +534,14 @@ int main(int argc, char** argv) {
       "\"ttft_n\":%zu,\"ttft_p50_us\":%.1f,\"ttft_p99_us\":%.1f,"
       "\"replica_late_p99_us\":%.1f,\"streams_started\":%" PRIu64 ",\"streams_completed\":%" PRIu64
       ",\"errors\":%" PRIu64 ",\"first_error\":\"%s\","
-      "\"proxy_cpu_s\":%.3f,\"cpu_us_per_event\":%.2f,\"events_per_core_s\":%.0f,"
+      "\"proxy_cpu_s\":%.3f,\"proxy_sys_share\":%.3f,\"cpu_us_per_event\":%.2f,\"events_per_core_s\":%.0f,"
       "\"rss_idle_kib\":%lld,\"rss_kib\":%lld,\"open_streams\":%zu,\"rss_bytes_per_stream\":%.0f,"
       "\"client_cpu_pct\":%.1f,\"aux_cpu_pct\":%.1f,\"core_busy_pct\":%s,"
       "\"proxy_runq_ms_per_s\":%.1f,\"replica_runq_ms_per_s\":%.1f,\"client_runq_ms_per_s\":%.1f}\n",
       opt.n, opt.duration, nev, nev / opt.duration, pct(delays, 0.5), pct(delays, 0.99), pct(delays, 0.999), dmax,
       batched, stalled, opt.stall_ms, pct(excesses, 0.999), worst_json.c_str(), ttfts.size(), pct(ttfts, 0.5), pct(ttfts, 0.99),
       pct(late, 0.99), started_in_window, completed, errors, err.c_str(), cpu_s,
+      at_w1.ticks > at_w0.ticks ? double(at_w1.sys_ticks - at_w0.sys_ticks) / double(at_w1.ticks - at_w0.ticks) : 0.0,
       nev && cpu_s > 0 ? cpu_s * 1e6 / double(nev) : 0.0, cpu_s > 0 ? nev / cpu_s : 0.0, idle.rss_kib, at_w1.rss_kib,
       open_at_w1, open_at_w1 ? (at_w1.rss_kib - idle.rss_kib) * 1024.0 / double(open_at_w1) : 0.0,
       100.0 * client_cpu / opt.duration, 100.0 * double(aux1.ticks - aux0.ticks) / ticks_per_s / opt.duration,
