@@ -5,7 +5,7 @@
 #
 #   bench/stream.sh [--quick] [--rounds N] [--ns "500 2000 5000"] [--duration S] [--warmup S]
 #                   [--rate MIN-MAX|auto] [--events MIN-MAX] [--stall-ms MS] [--proxies "ingressd haproxy nginx"]
-#                   [--ingressd PATH] [--keep] [--syscalls]
+#                   [--ingressd PATH] [--keep] [--syscalls] [--pause SHARE:MS]
 #
 # Each stream: a new client connection, POST /stream/v1/chat/completions (router call, then the
 # stream app's replica), K events of ~100 bytes at R events/s (K uniform in --events, default
@@ -36,6 +36,7 @@ EVENTS=100-400
 STALL_MS=100
 KEEP=0
 QUICK=0
+PAUSE=""     # --pause SHARE:MS: that share of streams stop reading once for MS (the proxy's blocked-write path)
 SYSCALLS=0   # --syscalls: count each proxy's system calls per event (perf trace -s) over the window
 SEL_PROXIES=""
 INGRESSD=${INGRESSD:-$ROOT/build/release/ingressd}
@@ -57,6 +58,7 @@ while (($#)); do
     --ingressd) INGRESSD=$2; shift ;;
     --keep) KEEP=1 ;;
     --syscalls) SYSCALLS=1 ;;
+    --pause) PAUSE=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -64,6 +66,7 @@ while (($#)); do
 done
 [[ $ROUNDS =~ ^[1-9][0-9]*$ && $DURATION =~ ^[1-9][0-9]*$ && $WARMUP =~ ^[0-9]+$ ]] ||
   { echo "--rounds, --duration and --warmup take integers" >&2; exit 2; }
+[[ -z $PAUSE || $PAUSE =~ ^0?\.[0-9]+:[0-9]+$ ]] || { echo "--pause takes SHARE:MS, e.g. 0.05:3000" >&2; exit 2; }
 [[ ($RATE == auto || $RATE =~ ^[0-9]+-[0-9]+$) && $EVENTS =~ ^[0-9]+-[0-9]+$ ]] ||
   { echo "--rate takes MIN-MAX or auto, --events MIN-MAX" >&2; exit 2; }
 # rate_for N: the per-stream event rate range. auto: 20-50 events/s (the issue's token rate) at
@@ -147,8 +150,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# a private copy of the binary: a rebuild of the checkout during the run must not swap it
+# private copies of the binaries: a rebuild of the checkout during the run must not swap them
 cp "$INGRESSD" "$TMP/ingressd"; INGRESSD=$TMP/ingressd
+cp "$REPLICA_BIN" "$TMP/stream-replica"; REPLICA_BIN=$TMP/stream-replica
+cp "$CLIENT_BIN" "$TMP/stream-client"; CLIENT_BIN=$TMP/stream-client
 
 # ------------------------------------------------------------------ fakes, topology, proxy configs (lib/common.sh)
 render_nginx_fakes 1 >"$TMP/nginx.conf"
@@ -183,6 +188,7 @@ run_streams() {
   local args=(--n "$n" --warmup "$WARMUP" --duration "$DURATION" --ramp 1 --stall-ms "$STALL_MS"
               --rate-min "${rate%-*}" --rate-max "${rate#*-}" --ev-min "${EVENTS%-*}" --ev-max "${EVENTS#*-}"
               --seed $((round * 1000 + n)) --aux-pid "$REPLICA_PID")
+  [ -n "$PAUSE" ] && args+=(--pause-share "${PAUSE%:*}" --pause-ms "${PAUSE#*:}")
   if [ "$proxy" = direct ]; then port=$P_SSE
   else
     port=$(proxy_port "$proxy"); pid=$(proxy_pid "$proxy")
