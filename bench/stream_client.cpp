@@ -170,6 +170,12 @@ void start_stream(int slot, bool first) {
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (s.pause_at >= 0) {
+    // a small receive buffer (set before connect: the window scale follows it), so that a pause
+    // closes the window within a second: the proxy's socket buffer fills and its writes block
+    const int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  }
   setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
   sockaddr_in src{};
   src.sin_family = AF_INET;
@@ -222,7 +228,8 @@ void on_event(stream& s, const std::string& ev, std::int64_t at, std::uint64_t s
   if (in_window(at) && !(s.pause_at >= 0 && (infos[s.serial].resumed == 0 || t < infos[s.serial].resumed))) {
     delays.push_back(clamp32(delay));
     late.push_back(clamp32(t - d));
-    if (s.events > 0 && serial == s.last_read && t - s.last_t >= 1000000) ++batched;
+    // (a paused stream's catch-up after the client reads again is not the proxy's batching)
+    if (s.pause_at < 0 && s.events > 0 && serial == s.last_read && t - s.last_t >= 1000000) ++batched;
     samples.push_back({t, clamp32(delay), s.serial, seq});
   }
   ++s.events;
