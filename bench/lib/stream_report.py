@@ -105,11 +105,18 @@ def table(args):
     goals = []
     unjudged = []
 
-    def per_round(n, fn):
-        """fn(runs of one round by proxy) -> value or None, over the rounds of N."""
+    def quiet(r):
+        q = r.get("proxy_runq_ms_per_s")
+        return r["proxy"] == "direct" or (q is not None and q <= args.max_runq_ms)
+
+    def per_round(n, fn, only_quiet=False):
+        """fn(runs of one round by proxy) -> value or None, over the rounds of N; only_quiet: only
+        rounds in which no proxy waited more than --max-runq-ms for its core."""
         out = []
         for rnd in sorted({r["round"] for r in runs if r["n"] == n}):
             rr = {r["proxy"]: r for r in runs if r["n"] == n and r["round"] == rnd}
+            if only_quiet and not all(quiet(r) for r in rr.values()):
+                continue
             v = fn(rr)
             if v is not None:
                 out.append(v)
@@ -144,8 +151,9 @@ def table(args):
         if "ingressd" in proxies and any(p in proxies for p in PEERS):
             cpu_ratio = per_round(n, lambda rr: rr["ingressd"]["cpu_us_per_event"] / better(rr, "cpu_us_per_event")
                                   if "ingressd" in rr and better(rr, "cpu_us_per_event") else None)
+            # delays only from rounds where every proxy had its core: else they measure the host
             p50_diff = per_round(n, lambda rr: (rr["ingressd"]["delay_p50_ms"] - better(rr, "delay_p50_ms")) * 1000
-                                 if "ingressd" in rr and better(rr, "delay_p50_ms") is not None else None)
+                                 if "ingressd" in rr and better(rr, "delay_p50_ms") is not None else None, only_quiet=True)
             rss_ratio = per_round(n, lambda rr: rr["ingressd"]["rss_bytes_per_stream"] / rr["haproxy"]["rss_bytes_per_stream"]
                                   if "ingressd" in rr and "haproxy" in rr and rr["haproxy"]["rss_bytes_per_stream"] > 0 else None)
             if cpu_ratio:
@@ -153,51 +161,74 @@ def table(args):
                 goals.append((n, "CPU per event ≤ 0.5× the better peer", "%.2f× [%.2f–%.2f]" % (m, min(cpu_ratio), max(cpu_ratio)), m <= 0.5))
             if p50_diff:
                 m = statistics.median(p50_diff)
-                goals.append((n, "delay p50 ≤ the better peer's", "%+.0f µs [%+.0f–%+.0f]" % (m, min(p50_diff), max(p50_diff)), m <= 0))
+                goals.append((n, "delay p50 ≤ the better peer's (quiet rounds: %d)" % len(p50_diff),
+                              "%+.0f µs [%+.0f–%+.0f]" % (m, min(p50_diff), max(p50_diff)), m <= 0))
+            else:
+                goals.append((n, "delay p50 ≤ the better peer's", "no round where every proxy had its core", None))
             if rss_ratio:
                 m = statistics.median(rss_ratio)
                 goals.append((n, "RSS per stream ≤ HAProxy's", "%.2f× [%.2f–%.2f]" % (m, min(rss_ratio), max(rss_ratio)), m <= 1))
         if n == 2000 and (n, "ingressd") in by:
-            p99 = [r["delay_p99_ms"] for r in by[(n, "ingressd")]]
-            m = statistics.median(p99)
-            goals.append((n, "delay p99 ≤ 1 ms at 2,000 streams", "%.2f ms [%.2f–%.2f]" % (m, min(p99), max(p99)), m <= 1))
+            p99 = [r["delay_p99_ms"] for r in by[(n, "ingressd")] if quiet(r)]
+            if p99:
+                m = statistics.median(p99)
+                goals.append((n, "delay p99 ≤ 1 ms at 2,000 streams (quiet runs: %d)" % len(p99),
+                              "%.2f ms [%.2f–%.2f]" % (m, min(p99), max(p99)), m <= 1))
+            else:
+                goals.append((n, "delay p99 ≤ 1 ms at 2,000 streams", "no run where ingressd had its core", None))
         print()
 
         for r in by.get((n, "ingressd"), []):
-            bad = []
-            if r["stalled_streams"]:
-                bad.append("%d stalled stream(s), worst %s" % (r["stalled_streams"], json.dumps(r.get("worst", [])[:3])))
             if r["errors"]:
-                bad.append("%d failed streams (%s)" % (r["errors"], r["first_error"]))
-            if r["batched"]:
-                # A proxy that waited long for its core (other processes on it: a shared host)
-                # sends what piled up meanwhile together, whatever it does: reported, not judged.
-                runq = r.get("proxy_runq_ms_per_s")
-                if runq is not None and runq > args.max_runq_ms:
-                    print("not judged: ingressd, N=%d, round %d: %d batched events while it waited %.0f ms/s for its core (> %g)"
-                          % (n, r["round"], r["batched"], runq, args.max_runq_ms))
-                    unjudged.append(r)
-                else:
-                    bad.append("%d batched events" % r["batched"])
-            if bad:
                 rc = 1
-                print("CHECK FAILED: ingressd, N=%d, round %d: %s" % (n, r["round"], "; ".join(bad)))
+                print("CHECK FAILED: ingressd, N=%d, round %d: %d failed streams (%s)" % (n, r["round"], r["errors"], r["first_error"]))
+            if not (r["stalled_streams"] or r["batched"]):
+                continue
+            what = "%d stalled stream(s), %d batched events" % (r["stalled_streams"], r["batched"])
+            if r["stalled_streams"]:
+                what += ", worst %s" % json.dumps(r.get("worst", [])[:2])
+            # A proxy that waited long for its core (other processes on it: a shared host) falls
+            # behind, then serves its backlog stream after stream: the last ones served are late
+            # beyond the moment's median and send what piled up together, whatever the proxy
+            # does. Such a run is reported, not judged (bench/README.md "Token streams at scale").
+            runq = r.get("proxy_runq_ms_per_s")
+            if runq is None or runq > args.max_runq_ms:
+                print("not judged: ingressd, N=%d, round %d: %s, while it waited %s ms/s for its core (> %g)"
+                      % (n, r["round"], what, fmt(runq), args.max_runq_ms))
+                unjudged.append(r)
+            else:
+                rc = 1
+                print("CHECK FAILED: ingressd, N=%d, round %d (it waited %s ms/s for its core): %s" % (n, r["round"], fmt(runq), what))
         for p in PEERS:
             for r in by.get((n, p), []):
                 if r["stalled_streams"] or r["batched"] or r["errors"]:
-                    print("note: %s, N=%d, round %d: %d stalled, %d batched, %d failed%s"
+                    print("note: %s, N=%d, round %d: %d stalled, %d batched, %d failed (waited %s ms/s for its core)"
                           % (p, n, r["round"], r["stalled_streams"], r["batched"], r["errors"],
-                             " (saturated)" if r["saturated"] else ""))
+                             fmt(r.get("proxy_runq_ms_per_s"))))
+    # Delay against how long the proxy waited for its core: what a shared host does to every proxy
+    bins = ((0, 50, "< 50"), (50, 300, "50-300"), (300, 1e9, "> 300"))
+    print("delay p99 (ms) by how long the proxy waited for its core (run queue, ms/s), all N: median [range] (runs)")
+    print("| proxy | " + " | ".join("wait %s ms/s" % b[2] for b in bins) + " |")
+    print("|---|" + "---|" * len(bins))
+    for p in proxies:
+        if p == "direct":
+            continue
+        cells = []
+        for lo, hi, _ in bins:
+            v = [r["delay_p99_ms"] for r in runs if r["proxy"] == p and r.get("proxy_runq_ms_per_s") is not None
+                 and lo <= r["proxy_runq_ms_per_s"] < hi]
+            cells.append("%s (%d)" % (summary(v), len(v)) if v else "-")
+        print("| %s | %s |" % (p, " | ".join(cells)))
     if goals:
         print()
         print("| N | goal (issue #21) | ingressd vs peers, median of per-round [range] | |")
         print("|---|---|---|---|")
         for n, g, v, ok in goals:
-            print("| %d | %s | %s | %s |" % (n, g, v, "PASS" if ok else "MISS"))
+            print("| %d | %s | %s | %s |" % (n, g, v, "-" if ok is None else "PASS" if ok else "MISS"))
     print()
     print("stall check (every ingressd run: no stream with an event %g ms later than the other streams' events of the same moment, no batched event, no failed stream): %s%s"
           % (args.stall_ms, "FAIL" if rc else "ok",
-             "; batching not judged in %d run(s) (proxy starved of its core)" % len(unjudged) if unjudged else ""))
+             "; %d run(s) with stalls or batching not judged (the proxy waited > %g ms/s for its core)" % (len(unjudged), args.max_runq_ms) if unjudged else ""))
     return rc
 
 
