@@ -105,7 +105,7 @@ struct stream_info {
 // Per event that arrived in the window
 struct sample_ev {
   std::int64_t t;  // replica write time
-  std::uint32_t delay, serial;
+  std::uint32_t delay, serial;  // delay in µs
   int seq;
 };
 std::vector<stream_info> infos;
@@ -118,9 +118,9 @@ int ep = -1;
 std::mt19937 rng;
 std::int64_t t0, w0, w1;
 std::uint64_t read_serial = 0;
-std::vector<std::uint32_t> delays;     // ns, clamped
-std::vector<std::uint32_t> ttfts;      // ns
-std::vector<std::uint32_t> late;       // replica lateness t - d, ns
+std::vector<std::uint32_t> delays;     // µs
+std::vector<std::uint32_t> ttfts;      // µs
+std::vector<std::uint32_t> late;       // replica lateness t - d, µs
 std::uint64_t batched = 0, errors = 0, started_in_window = 0, completed = 0, started_total = 0;
 std::string first_error;
 using start_at = std::pair<std::int64_t, int>;
@@ -133,7 +133,8 @@ std::uint64_t paused_streams = 0;
 
 bool in_window(std::int64_t t) { return t >= w0 && t < w1; }
 
-std::uint32_t clamp32(std::int64_t v) { return std::uint32_t(std::clamp<std::int64_t>(v, 0, 0xffffffffLL)); }
+// ns -> µs in 32 bits (up to 71 minutes)
+std::uint32_t us32(std::int64_t ns) { return std::uint32_t(std::clamp<std::int64_t>(ns / 1000, 0, 0xffffffffLL)); }
 
 void note_error(const std::string& what) {
   ++errors;
@@ -221,16 +222,16 @@ void on_event(stream& s, const std::string& ev, std::int64_t at, std::uint64_t s
   const std::int64_t delay = at - t;
   if (!s.first_seen) {
     s.first_seen = true;
-    if (in_window(s.started)) ttfts.push_back(clamp32(at - s.started));
+    if (in_window(s.started)) ttfts.push_back(us32(at - s.started));
   }
   if (s.events + 1 == s.pause_at) s.pause_now = true;
   // a paused stream's events written before it was read again are late because of the client
   if (in_window(at) && !(s.pause_at >= 0 && (infos[s.serial].resumed == 0 || t < infos[s.serial].resumed))) {
-    delays.push_back(clamp32(delay));
-    late.push_back(clamp32(t - d));
+    delays.push_back(us32(delay));
+    late.push_back(us32(t - d));
     // (a paused stream's catch-up after the client reads again is not the proxy's batching)
     if (s.pause_at < 0 && s.events > 0 && serial == s.last_read && t - s.last_t >= 1000000) ++batched;
-    samples.push_back({t, clamp32(delay), s.serial, seq});
+    samples.push_back({t, us32(delay), s.serial, seq});
   }
   ++s.events;
   s.last_t = t;
@@ -405,7 +406,7 @@ double pct(std::vector<std::uint32_t>& v, double q) {
   if (v.empty()) return -1;
   const std::size_t k = std::min(v.size() - 1, std::size_t(q * double(v.size())));
   std::nth_element(v.begin(), v.begin() + long(k), v.end());
-  return v[k] / 1000.0;  // µs
+  return v[k];  // µs
 }
 
 }  // namespace
@@ -538,7 +539,7 @@ int main(int argc, char** argv) {
   excesses.reserve(samples.size());
   for (const auto& e : samples) {
     const std::int64_t med = slot_median[slot_of(e.t)], ex = std::int64_t(e.delay) - med;
-    excesses.push_back(clamp32(ex));
+    excesses.push_back(std::uint32_t(std::max<std::int64_t>(ex, 0)));
     auto& p = prev[e.serial];
     const std::int64_t run3 = std::min({ex, p[0], p[1]});
     if (run3 > per_stream[e.serial].excess) per_stream[e.serial] = {run3, e.delay, med, e.seq, e.serial};
@@ -546,7 +547,7 @@ int main(int argc, char** argv) {
   }
   std::vector<worst> worst_streams;
   for (const auto& w : per_stream)
-    if (w.excess > std::int64_t(opt.stall_ms * 1e6)) worst_streams.push_back(w);
+    if (w.excess > std::int64_t(opt.stall_ms * 1e3)) worst_streams.push_back(w);
   const std::size_t stalled = worst_streams.size();
 
   const double ticks_per_s = double(sysconf(_SC_CLK_TCK));
@@ -571,7 +572,7 @@ int main(int argc, char** argv) {
     std::snprintf(b, sizeof b,
                   "%s{\"excess_ms\":%.1f,\"delay_ms\":%.1f,\"median_then_ms\":%.1f,\"seq\":%d,\"events\":%d,"
                   "\"port\":%d,\"started_s\":%.2f}",
-                  i ? "," : "", w.excess / 1e6, w.delay / 1e6, w.median / 1e6, w.seq, info.events, info.port,
+                  i ? "," : "", w.excess / 1e3, w.delay / 1e3, w.median / 1e3, w.seq, info.events, info.port,
                   info.started_s);
     worst_json += b;
   }
@@ -579,7 +580,7 @@ int main(int argc, char** argv) {
   std::string err = first_error;
   for (auto& ch : err)
     if (ch == '"' || ch == '\\' || ch < ' ') ch = ' ';
-  const double dmax = delays.empty() ? -1 : *std::max_element(delays.begin(), delays.end()) / 1000.0;
+  const double dmax = delays.empty() ? -1 : double(*std::max_element(delays.begin(), delays.end()));
   std::printf(
       "{\"n\":%d,\"window_s\":%.2f,\"events\":%zu,\"events_per_s\":%.1f,"
       "\"delay_p50_us\":%.1f,\"delay_p99_us\":%.1f,\"delay_p999_us\":%.1f,\"delay_max_us\":%.1f,"
