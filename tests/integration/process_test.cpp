@@ -396,7 +396,9 @@ TEST_F(Process, SighupReloadsTheTlsCertificateAndKeepsItWhenTheNewPairIsBad) {
     return conn.read_response(5s).status == 200u;
   };
   ASSERT_TRUE(verified_by(first)) << p->output();
-  auto held = connection::open_tls("127.0.0.1", tls_port, {.ca_file = first.cert}, 2s);
+  tls_options verify_first;
+  verify_first.ca_file = first.cert;
+  auto held = connection::open_tls("127.0.0.1", tls_port, verify_first, 2s);
   ASSERT_TRUE(held.connected()) << held.error();
 
   std::filesystem::copy_file(second.cert, path("cert.pem"), std::filesystem::copy_options::overwrite_existing);
