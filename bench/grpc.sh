@@ -93,18 +93,7 @@ for p in $P_ING $P_ING_ADMIN $P_ING_GRPC $P_HAP $P_REPLICA $P_HOLDBACK; do
 done
 
 TMP=$(mktemp -d /tmp/ingressd-grpc-bench.XXXXXX)
-RESULTS=$TMP/results.tsv
-: >"$RESULTS"
-PIDS=()
-cleanup() {
-  local rc=$?
-  kill_all
-  wait 2>/dev/null || true
-  if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+start_run results.tsv
 
 # ingressd: only one whose --help has --grpc-listen; a private copy (a rebuild during the run, on a
 # shared machine, must not swap the binary under us)

@@ -139,18 +139,7 @@ for p in $P_ING $P_ING_ADMIN $P_HAP $P_NGX "${REPLICA_PORTS[@]}" "${ROUTER_PORTS
 done
 
 TMP=$(mktemp -d /tmp/ingressd-stream-bench.XXXXXX)
-RESULTS=$TMP/results.jsonl
-: >"$RESULTS"
-PIDS=()
-cleanup() {
-  local rc=$?
-  kill_all
-  wait 2>/dev/null || true
-  if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+start_run results.jsonl
 
 # private copies of the binaries: a rebuild of the checkout during the run must not swap them
 cp "$INGRESSD" "$TMP/ingressd"; INGRESSD=$TMP/ingressd

@@ -109,18 +109,7 @@ for _ in $(seq 60); do
 done
 [ -x "$TMP/ingressd" ] || { echo "cannot copy a working $INGRESSD (being rebuilt?)" >&2; rm -rf "$TMP"; exit 1; }
 ING_SRC=$INGRESSD; INGRESSD=$TMP/ingressd
-RESULTS=$TMP/results.tsv
-: >"$RESULTS"
-PIDS=()
-cleanup() {
-  local rc=$?
-  kill_all
-  wait 2>/dev/null || true
-  if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
-  exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+start_run results.tsv
 
 
 # ------------------------------------------------------------------ certificates

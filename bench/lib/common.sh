@@ -39,6 +39,24 @@ set_priority() {
 }
 
 # kill_all: TERM every process in PIDS, up to 2 s to go, then KILL (the cleanup on exit)
+# The run's results file in $TMP (made by the caller) and the exit trap: every process the run
+# started (PIDS) is stopped, and $TMP removed unless --keep (KEEP=1). Scripts with more to undo
+# (run.sh's CPU budgets) keep their own trap.
+start_run() {  # start_run RESULTS_FILE_NAME
+  RESULTS=$TMP/$1
+  : >"$RESULTS"
+  PIDS=()
+  trap end_run EXIT
+  trap 'exit 130' INT TERM
+}
+end_run() {
+  local rc=$?
+  kill_all
+  wait 2>/dev/null || true
+  if ((KEEP)); then log "kept $TMP"; else rm -rf "$TMP"; fi
+  exit $rc
+}
+
 kill_all() {
   local pid
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done

@@ -11,7 +11,6 @@ No fixed sleeps: waits are for events (control RPCs on the fake that return when
 happened, a line of output, an endpoint's state polled against a deadline).
 """
 
-import argparse
 import hashlib
 import http.server
 import json
@@ -632,20 +631,5 @@ class HttpFake:
         self.server.server_close()
 
 
-def main():
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--ingressd", default=None)
-    args, rest = parser.parse_known_args()
-    if args.ingressd:
-        support.INGRESSD = os.path.abspath(args.ingressd)
-    else:
-        support.INGRESSD = os.path.abspath(support.INGRESSD)
-    if not os.access(support.INGRESSD, os.X_OK):
-        print("ingressd binary not found or not executable: %s" % support.INGRESSD, file=sys.stderr)
-        return 2
-    prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(support.run_suite())

@@ -19,7 +19,6 @@ At the end a table of the measured costs (daemon CPU per flood frame, RSS change
 stderr.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -650,20 +649,5 @@ def tearDownModule():
     print("\n".join(out), file=sys.stderr)
 
 
-def main():
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--ingressd", default=None)
-    args, rest = parser.parse_known_args()
-    if args.ingressd:
-        support.INGRESSD = os.path.abspath(args.ingressd)
-    else:
-        support.INGRESSD = os.path.abspath(support.INGRESSD)
-    if not os.access(support.INGRESSD, os.X_OK):
-        print("ingressd binary not found or not executable: %s" % support.INGRESSD, file=sys.stderr)
-        return 2
-    prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False)
-    return 0 if prog.result.wasSuccessful() else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(support.run_suite())

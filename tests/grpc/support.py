@@ -357,3 +357,20 @@ def metric_value(text, name, labels=None):
         if have == want:
             return float(m.group(3))
     return None
+
+
+def run_suite(argv=None):
+    """The suites' entry point: `--ingressd PATH` (default INGRESSD) picks the binary, the other
+    arguments go to unittest. Exit code 0 when every test passed, 1 otherwise, 2 without a binary."""
+    import argparse
+    import unittest
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--ingressd", default=None)
+    args, rest = parser.parse_known_args(argv)
+    global INGRESSD
+    INGRESSD = os.path.abspath(args.ingressd or INGRESSD)
+    if not os.access(INGRESSD, os.X_OK):
+        print("ingressd binary not found or not executable: %s" % INGRESSD, file=sys.stderr)
+        return 2
+    prog = unittest.main(module="__main__", argv=[sys.argv[0]] + rest, exit=False)
+    return 0 if prog.result.wasSuccessful() else 1
