@@ -476,7 +476,7 @@ if [ -n "$PROFILE" ]; then
     ING_PID=$LAST_PID
     wait_port 127.0.0.1 "$P_ING"; probe 127.0.0.1 "$P_ING"
     taskset -c $LOAD_CORE wrk -t1 -c"$PCONNS" -d"${WARMUP}s" "${script[@]}" "$url" >/dev/null 2>&1 || true
-    strace -c -f -qq -o "$TMP/strace.txt" -p "$ING_PID" & st=$!
+    strace ${BENCH_STRACE_OPTS:--c} -f -qq -o "$TMP/strace.txt" -p "$ING_PID" & st=$!
     sleep 0.5
     taskset -c $LOAD_CORE wrk -t1 -c"$PCONNS" -d"${DURATION}s" "${script[@]}" "$url" >"$TMP/wrk-strace.txt" 2>&1 || true
     kill -INT "$st"; wait "$st" 2>/dev/null || true
