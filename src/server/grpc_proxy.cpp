@@ -333,6 +333,13 @@ class link : public std::enable_shared_from_this<link> {
   }
 };
 
+/// More bytes (or the end) for stream `sid` of `l`: its data provider is asked again, and `l`
+/// flushed with the rest of this event's output.
+void wake(link* l, std::int32_t sid) {
+  nghttp2_session_resume_data(l->s(), sid);
+  l->want_flush();
+}
+
 // ------------------------------------------------------------------------------------------
 // Client side: a connection of the gRPC listener.
 
@@ -526,8 +533,7 @@ class client_link final : public link {
     if ((f->hd.type == NGHTTP2_DATA || f->hd.type == NGHTTP2_HEADERS) && end && !c->req_end) {
       c->req_end = true;
       if (c->up) {
-        nghttp2_session_resume_data(reinterpret_cast<link*>(c->up)->s(), c->usid);
-        reinterpret_cast<link*>(c->up)->want_flush();
+        wake(reinterpret_cast<link*>(c->up), c->usid);
       }
     }
     return 0;
@@ -716,8 +722,7 @@ class upstream_link final : public link {
       } else if (end) {
         c->resp_end = true;
         if (c->client) {
-          nghttp2_session_resume_data(reinterpret_cast<link*>(c->client)->s(), c->csid);
-          reinterpret_cast<link*>(c->client)->want_flush();
+          wake(reinterpret_cast<link*>(c->client), c->csid);
         }
       }
       return 0;
@@ -725,8 +730,7 @@ class upstream_link final : public link {
     if (f->hd.type == NGHTTP2_DATA && end) {
       c->resp_end = true;
       if (c->client) {
-        nghttp2_session_resume_data(reinterpret_cast<link*>(c->client)->s(), c->csid);
-        reinterpret_cast<link*>(c->client)->want_flush();
+        wake(reinterpret_cast<link*>(c->client), c->csid);
       }
     }
     return 0;
@@ -741,8 +745,7 @@ class upstream_link final : public link {
       return 0;
     }
     c->resp.append(data, len);
-    nghttp2_session_resume_data(reinterpret_cast<link*>(c->client)->s(), c->csid);
-    reinterpret_cast<link*>(c->client)->want_flush();
+    wake(reinterpret_cast<link*>(c->client), c->csid);
     return 0;
   }
 
@@ -833,8 +836,7 @@ int client_link::on_data(nghttp2_session* s, std::uint8_t, std::int32_t sid, con
   }
   c->req.append(data, len);
   if (c->up) {
-    nghttp2_session_resume_data(reinterpret_cast<link*>(c->up)->s(), c->usid);
-    reinterpret_cast<link*>(c->up)->want_flush();
+    wake(reinterpret_cast<link*>(c->up), c->usid);
   }
   return 0;
 }
@@ -875,13 +877,7 @@ void upstream_link::connect_failed(const std::string& what) {
   close();
   for (auto& c : waiting_calls) {
     if (!c->client) continue;
-    if (c->target && c->target->state) {
-      const unsigned limit = hub_.w.cfg().health.error_limit;
-      auto& state = *c->target->state;
-      const auto errors = state.errors.fetch_add(1, std::memory_order_relaxed) + 1;
-      if (limit != 0 && errors >= limit && state.up.load(std::memory_order_relaxed) && hub_.w.shared().passive_down)
-        hub_.w.shared().passive_down(key, fmt::format("{} consecutive connection errors (last: {})", errors, what));
-    }
+    if (c->target) hub_.w.note_upstream_error(*c->target, what, hub_.w.cfg().health.error_limit);
     c->tried.push_back(key);
     c->mark.clear();
     if (c->retries++ < hub_.w.cfg().upstream.retries) {
@@ -1104,14 +1100,7 @@ void grpc_hub::impl::upstream_gone(const call_ptr& c, std::uint32_t error_code, 
     return;
   }
   if (connection_lost) {
-    if (c->target && c->target->state && !c->resp_started) {
-      const unsigned limit = w.cfg().health.error_limit;
-      auto& state = *c->target->state;
-      const auto errors = state.errors.fetch_add(1, std::memory_order_relaxed) + 1;
-      if (limit != 0 && errors >= limit && state.up.load(std::memory_order_relaxed) && w.shared().passive_down)
-        w.shared().passive_down(c->target->key,
-                                fmt::format("{} consecutive connection errors (last: connection lost)", errors));
-    }
+    if (c->target && !c->resp_started) w.note_upstream_error(*c->target, "connection lost", w.cfg().health.error_limit);
     fail(c, grpc::status::unavailable, reason::upstream_error, "connection to the replica lost");
     return;
   }

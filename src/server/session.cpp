@@ -333,12 +333,7 @@ awaitable<error_code> session::read_prebody(std::size_t cap, std::optional<clock
 }
 
 void session::note_upstream_error(const topology::endpoint& ep, std::string_view what) {
-  const unsigned limit = cfg().health.error_limit;
-  if (limit == 0) return;
-  const auto errors = ep.state->errors.fetch_add(1, std::memory_order_relaxed) + 1;
-  // Several workers may see the limit reached at once; marking down is idempotent.
-  if (errors >= limit && ep.state->up.load(std::memory_order_relaxed) && w_.shared().passive_down)
-    w_.shared().passive_down(ep.key, fmt::format("{} consecutive connection errors (last: {})", errors, what));
+  w_.note_upstream_error(ep, what, cfg().health.error_limit);
 }
 
 void session::note_upstream_ok(const topology::endpoint& ep) {

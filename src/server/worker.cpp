@@ -307,6 +307,14 @@ void worker::apply(std::shared_ptr<const topology::snapshot> snap) {
   grpc_->topology_changed();
 }
 
+void worker::note_upstream_error(const topology::endpoint& ep, std::string_view what, unsigned limit) {
+  if (limit == 0 || !ep.state) return;
+  const auto errors = ep.state->errors.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Several workers may see the limit reached at once; marking down is idempotent.
+  if (errors >= limit && ep.state->up.load(std::memory_order_relaxed) && shared_.passive_down)
+    shared_.passive_down(ep.key, fmt::format("{} consecutive connection errors (last: {})", errors, what));
+}
+
 metrics::app_metrics* worker::grpc_block_named(std::string_view name) const {
   if (!snap_) return nullptr;
   if (auto it = snap_->grpc_by_name.find(std::string(name)); it != snap_->grpc_by_name.end())

@@ -172,6 +172,10 @@ class worker {
   void publish_hedge(const app_state& app, std::size_t pool_index) const;
   void publish_hedge(const app_state& app) const;
   shared_state& shared() { return shared_; }
+  /// Passive health (health.error_limit = `limit`, 0 = off): one more consecutive connection error
+  /// to `ep` (refused, timed out, lost before a response head); the limit reached marks it down on
+  /// every worker. Used by the HTTP sessions and the gRPC calls alike.
+  void note_upstream_error(const topology::endpoint& ep, std::string_view what, unsigned limit);
   /// The hard stop has begun (abort_all).
   bool stopping() const { return stopping_; }
   /// The metric block of the gRPC app at `index` of the current snapshot's grpc_apps, or of the
