@@ -10,10 +10,13 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/error.hpp>
 
+#include "ingressd/grpc/nghttp2.hpp"
 #include "ingressd/grpc/protocol.hpp"
 
 namespace ingressd::health {
 namespace {
+
+using grpc::nv;
 
 struct exchange {
   std::optional<unsigned> status;
@@ -24,16 +27,12 @@ struct exchange {
   bool request_sent = false;
 };
 
-nghttp2_nv nv(std::string_view n, std::string_view v) {
-  return {reinterpret_cast<std::uint8_t*>(const_cast<char*>(n.data())),
-          reinterpret_cast<std::uint8_t*>(const_cast<char*>(v.data())), n.size(), v.size(), NGHTTP2_NV_FLAG_NONE};
-}
 
 int on_header(nghttp2_session*, const nghttp2_frame*, const std::uint8_t* name, std::size_t namelen,
               const std::uint8_t* value, std::size_t valuelen, std::uint8_t, void* user) {
   auto& x = *static_cast<exchange*>(user);
-  const std::string_view n(reinterpret_cast<const char*>(name), namelen);
-  const std::string_view v(reinterpret_cast<const char*>(value), valuelen);
+  const auto n = grpc::sv(name, namelen);
+  const auto v = grpc::sv(value, valuelen);
   if (n == "grpc-status") x.status = grpc::parse_status(v);
   if (n == "grpc-message") x.message = std::string(v.substr(0, 200));
   return 0;
@@ -63,9 +62,6 @@ ssize_t empty_message(nghttp2_session*, std::int32_t, std::uint8_t* buf, std::si
   return 5;
 }
 
-struct session_deleter {
-  void operator()(nghttp2_session* s) const { nghttp2_session_del(s); }
-};
 
 std::string describe(const char* phase, const error_code& ec) {
   if (ec == boost::beast::error::timeout) return std::string(phase) + ": timed out";
@@ -87,7 +83,7 @@ awaitable<std::string> grpc_probe(boost::beast::tcp_stream& stream, const tcp::e
   nghttp2_session* raw = nullptr;
   nghttp2_session_client_new(&raw, cb, &x);
   nghttp2_session_callbacks_del(cb);
-  std::unique_ptr<nghttp2_session, session_deleter> s(raw);
+  grpc::session_ptr s(raw);
   nghttp2_submit_settings(raw, NGHTTP2_FLAG_NONE, nullptr, 0);
 
   const auto address = dial.address();

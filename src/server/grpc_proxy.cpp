@@ -16,6 +16,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "ingressd/grpc/nghttp2.hpp"
 #include "ingressd/grpc/protocol.hpp"
 #include "ingressd/routing/chooser.hpp"
 #include "server/worker.hpp"
@@ -43,17 +44,9 @@ struct header {
   std::string name, value;
 };
 
-nghttp2_nv nv(std::string_view n, std::string_view v, std::uint8_t flags = NGHTTP2_NV_FLAG_NONE) {
-  return {reinterpret_cast<std::uint8_t*>(const_cast<char*>(n.data())),
-          reinterpret_cast<std::uint8_t*>(const_cast<char*>(v.data())), n.size(), v.size(), flags};
-}
-
-std::string_view sv(const std::uint8_t* p, std::size_t n) { return {reinterpret_cast<const char*>(p), n}; }
-
-struct session_deleter {
-  void operator()(nghttp2_session* s) const { nghttp2_session_del(s); }
-};
-using session_ptr = std::unique_ptr<nghttp2_session, session_deleter>;
+using grpc::nv;
+using grpc::session_ptr;
+using grpc::sv;
 
 struct options_holder {
   nghttp2_option* o = nullptr;

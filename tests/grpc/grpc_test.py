@@ -47,16 +47,7 @@ health:
 
 # Health checks far apart: a test about connection failures sees what the call path does, not
 # what a health check concluded first.
-HEALTH_SLOW_CONFIG = """\
-drain:
-  min_period: 0s
-  timeout: 5s
-health:
-  interval: 60s
-  fast_interval: 60s
-  fall: 2
-  rise: 1
-"""
+HEALTH_SLOW_CONFIG = support.HEALTH_SLOW_CONFIG
 
 UNARY = "/test.Echo/Unary"
 

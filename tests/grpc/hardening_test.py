@@ -38,16 +38,7 @@ READ_TIMEOUT = 10.0  # bound of one socket read (a frame expected from the daemo
 
 # Health checks far apart (the first within a minute, and two failures needed): a replica that
 # never answers (StallServer) stays up for the length of a test.
-BASE_CONFIG = """\
-drain:
-  min_period: 0s
-  timeout: 5s
-health:
-  interval: 60s
-  fast_interval: 60s
-  fall: 2
-  rise: 1
-"""
+BASE_CONFIG = support.HEALTH_SLOW_CONFIG
 
 # CPU bound of a flood: at most this much daemon CPU per frame sent, plus a fixed allowance for
 # what runs beside it (connection set-up, the admin /metrics scrape, timers). nghttp2 spends

@@ -374,3 +374,17 @@ def run_suite(argv=None):
         return 2
     prog = unittest.main(module="__main__", argv=[sys.argv[0]] + rest, exit=False)
     return 0 if prog.result.wasSuccessful() else 1
+
+
+# Health checks far apart: a test about connection failures or abusive clients sees what the call
+# path does, not what a health check concluded first.
+HEALTH_SLOW_CONFIG = """\
+drain:
+  min_period: 0s
+  timeout: 5s
+health:
+  interval: 60s
+  fast_interval: 60s
+  fall: 2
+  rise: 1
+"""
