@@ -71,16 +71,8 @@ install_missing haproxy nghttp2-client python3-grpcio g++ libnghttp2-dev pkg-con
 HAP_VERSION=$(haproxy -v 2>/dev/null); HAP_VERSION=${HAP_VERSION%%$'\n'*}
 H2LOAD_VERSION=$(h2load --version 2>/dev/null | awk '{print $2}')
 
-# ingressd runs with its systemd unit's allocator setting, as in bench/run.sh
-ING_TUNABLES=${BENCH_GLIBC_TUNABLES-$(sed -n 's/^Environment=GLIBC_TUNABLES=//p' "$ROOT/packaging/systemd/ingressd.service" 2>/dev/null || true)}
-ING_ENV=(env ${ING_TUNABLES:+GLIBC_TUNABLES=$ING_TUNABLES})
-
-# ------------------------------------------------------------------ machine (as bench/run.sh)
-NCPU=$(nproc)
-if ((NCPU >= 2)); then LOAD_CORE=0; PROXY_CORE=1
-else LOAD_CORE=0; PROXY_CORE=0; log "WARNING: 1 CPU: proxy and load share the core, numbers are not meaningful"; fi
-CLK_TCK=$(getconf CLK_TCK)
-set_priority
+# ------------------------------------------------------------------ machine (lib/common.sh)
+bench_machine
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 # ------------------------------------------------------------------ ports and temp dir

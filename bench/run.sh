@@ -111,18 +111,10 @@ if [ ! -x "$INGRESSD" ]; then
   INGRESSD=$ROOT/build/release/ingressd
 fi
 
-# ingressd runs with the environment its systemd unit gives it: the glibc allocator setting
-# (docs/operations.md, "Memory allocator"). BENCH_GLIBC_TUNABLES overrides it; empty = glibc's defaults.
-ING_TUNABLES=${BENCH_GLIBC_TUNABLES-$(sed -n 's/^Environment=GLIBC_TUNABLES=//p' "$ROOT/packaging/systemd/ingressd.service")}
-ING_ENV=(env ${ING_TUNABLES:+GLIBC_TUNABLES=$ING_TUNABLES} ${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD})
-
-# ------------------------------------------------------------------ machine
-NCPU=$(nproc)
-if ((NCPU >= 2)); then LOAD_CORE=0; PROXY_CORE=1; BOTH_CORES=0,1
-else LOAD_CORE=0; PROXY_CORE=0; BOTH_CORES=0; THREADS2=0
-  log "WARNING: 1 CPU: proxy and load share the core, numbers are not meaningful"; fi
-CLK_TCK=$(getconf CLK_TCK)
-set_priority   # lib/common.sh: our processes get priority over background work (BENCH_NICE=0: not)
+# ------------------------------------------------------------------ machine (lib/common.sh)
+bench_machine   # also set_priority: our processes get priority over background work (BENCH_NICE=0: not)
+ING_ENV+=(${BENCH_PRELOAD:+LD_PRELOAD=$BENCH_PRELOAD})
+((NCPU >= 2)) || THREADS2=0
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
 STREAMS_N=$(( IDLE_N < (NOFILE - 1000) / 2 ? IDLE_N : (NOFILE - 1000) / 2 ))  # a stream takes 2 fds in the proxy

@@ -102,14 +102,8 @@ if [ ! -x "$INGRESSD" ] || [ ! -x "$REPLICA_BIN" ] || [ ! -x "$CLIENT_BIN" ]; th
   REPLICA_BIN=$ROOT/build/release/ingressd-bench-stream-replica
   CLIENT_BIN=$ROOT/build/release/ingressd-bench-stream-client
 fi
-ING_TUNABLES=${BENCH_GLIBC_TUNABLES-$(sed -n 's/^Environment=GLIBC_TUNABLES=//p' "$ROOT/packaging/systemd/ingressd.service")}
-ING_ENV=(env ${ING_TUNABLES:+GLIBC_TUNABLES=$ING_TUNABLES})
-
-# ------------------------------------------------------------------ machine
-NCPU=$(nproc)
-if ((NCPU >= 2)); then LOAD_CORE=0; PROXY_CORE=1; BOTH_CORES=0,1
-else LOAD_CORE=0; PROXY_CORE=0; BOTH_CORES=0; log "WARNING: 1 CPU: proxy and load share the core, numbers are not meaningful"; fi
-set_priority
+# ------------------------------------------------------------------ machine (lib/common.sh)
+bench_machine
 # A stream holds 2 descriptors in a proxy, 1 in the client; the replica holds one per pooled
 # connection of the proxies of the round (ingressd and HAProxy keep ~N each, nginx 512) plus the
 # running one's: ~3N. Root may

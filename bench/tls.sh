@@ -68,16 +68,8 @@ install_missing "${need[@]}"
 HAP_VERSION=$(haproxy -v 2>/dev/null); HAP_VERSION=${HAP_VERSION%%$'\n'*}
 [ -x "$INGRESSD" ] || { echo "no ingressd at $INGRESSD (build it: cmake --preset release && cmake --build --preset release)" >&2; exit 1; }
 
-# ingressd runs with its systemd unit's allocator setting, as in bench/run.sh
-ING_TUNABLES=${BENCH_GLIBC_TUNABLES-$(sed -n 's/^Environment=GLIBC_TUNABLES=//p' "$ROOT/packaging/systemd/ingressd.service")}
-ING_ENV=(env ${ING_TUNABLES:+GLIBC_TUNABLES=$ING_TUNABLES})
-
-# ------------------------------------------------------------------ machine (as bench/run.sh)
-NCPU=$(nproc)
-if ((NCPU >= 2)); then LOAD_CORE=0; PROXY_CORE=1
-else LOAD_CORE=0; PROXY_CORE=0; log "WARNING: 1 CPU: proxy and load share the core, numbers are not meaningful"; fi
-CLK_TCK=$(getconf CLK_TCK)
-set_priority
+# ------------------------------------------------------------------ machine (lib/common.sh)
+bench_machine
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
 if ((IDLE_N + 2000 > NOFILE)); then

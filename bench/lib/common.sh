@@ -39,6 +39,21 @@ set_priority() {
 }
 
 # kill_all: TERM every process in PIDS, up to 2 s to go, then KILL (the cleanup on exit)
+# The machine as every benchmark uses it: ingressd with its systemd unit's allocator setting
+# (ING_ENV; docs/operations.md "Memory allocator"; BENCH_GLIBC_TUNABLES overrides it, empty =
+# glibc's defaults), the load on core 0 and the proxy under test on core 1 (LOAD_CORE, PROXY_CORE,
+# BOTH_CORES; one CPU: both on core 0, with a warning), CLK_TCK, and our priority (set_priority).
+bench_machine() {
+  ING_TUNABLES=${BENCH_GLIBC_TUNABLES-$(sed -n 's/^Environment=GLIBC_TUNABLES=//p' "$ROOT/packaging/systemd/ingressd.service" 2>/dev/null || true)}
+  ING_ENV=(env ${ING_TUNABLES:+GLIBC_TUNABLES=$ING_TUNABLES})
+  NCPU=$(nproc)
+  if ((NCPU >= 2)); then LOAD_CORE=0; PROXY_CORE=1; BOTH_CORES=0,1
+  else LOAD_CORE=0; PROXY_CORE=0; BOTH_CORES=0
+    log "WARNING: 1 CPU: proxy and load share the core, numbers are not meaningful"; fi
+  CLK_TCK=$(getconf CLK_TCK)
+  set_priority
+}
+
 # The run's results file in $TMP (made by the caller) and the exit trap: every process the run
 # started (PIDS) is stopped, and $TMP removed unless --keep (KEEP=1). Scripts with more to undo
 # (run.sh's CPU budgets) keep their own trap.
