@@ -447,7 +447,9 @@ std::string to_json(const document& doc) {
   for (const auto& a : doc.grpc_apps) {
     nlohmann::ordered_json g;
     g["app_name"] = a.name;
-    g["route_prefix"] = a.route_prefix;
+    // A gRPC group may have no (string) route_prefix: kept empty, and left out here so that it
+    // parses back empty rather than as "/" (normalise_prefix("") is "/").
+    if (!a.route_prefix.empty()) g["route_prefix"] = a.route_prefix;
     g["protocol"] = "gRPC";
     g["targets"] = nlohmann::ordered_json::array();
     for (const auto& t : a.replicas) g["targets"].push_back(target_to_json(t));

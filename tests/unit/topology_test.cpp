@@ -223,6 +223,17 @@ TEST(TopologyParse, GrpcGroupsAreGrpcApps) {
   EXPECT_EQ(parse_ok(to_json(d)), d);
 }
 
+// Found by topology_fuzz in CI: a gRPC group without a string route_prefix was written back
+// with "route_prefix": "" and parsed again as "/".
+TEST(TopologyParse, GrpcGroupWithoutRoutePrefixRoundTrips) {
+  for (const char* prefix : {"", R"("route_prefix": 7,)", R"("route_prefix": "",)", R"("route_prefix": "/g/",)"}) {
+    const document d = parse_ok(std::string(R"({"target_groups": [{"app_name": "g", )") + prefix +
+                                R"( "protocol": "gRPC", "targets": []}]})");
+    ASSERT_EQ(d.grpc_apps.size(), 1u) << prefix;
+    EXPECT_EQ(parse_ok(to_json(d)), d) << prefix << "\n" << to_json(d);
+  }
+}
+
 TEST(TopologyParse, GrpcGroupIsValidatedLikeAnHttpOne) {
   EXPECT_EQ(parse_fail(R"({"target_groups": [
       {"app_name": "g", "route_prefix": "/g", "protocol": "gRPC", "targets": [{"ip": "nope", "port": 1, "name": "r"}]}]})")
