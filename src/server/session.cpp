@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ingressd/core/quiet_wait.hpp"
 #include "ingressd/core/scope.hpp"
 #include "ingressd/core/socket_io.hpp"
 #include "ingressd/http/message.hpp"
@@ -106,7 +107,10 @@ void session::start_watch() {
 }
 
 void session::arm_watch() {
-  sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) { self->on_watch(ec); });
+  // Without epoll_ctl when the client socket was drained in this reactor turn (quiet_wait.hpp):
+  // on the plain path the head was read by the same handler that sent it upstream.
+  quiet_wait_read(w_.ioc(), sock_, tls_ ? ~std::uint64_t{0} : drained_turn_,
+                  [self = shared_from_this()](error_code ec) { self->on_watch(ec); });
 }
 
 void session::on_watch(error_code ec) {
@@ -131,6 +135,7 @@ void session::on_watch(error_code ec) {
         continue;
       }
       if (r == client_read::wait_read) {
+        drained_turn_ = reactor_turn();  // EAGAIN (plain; TLS never waits quietly)
         arm_watch();
         return;
       }
@@ -466,7 +471,7 @@ void session::when_readable(Handler&& h) {
     asio::post(w_.ioc(), [h = std::forward<Handler>(h)]() mutable { h(error_code{}); });
     return;
   }
-  sock_.async_wait(tcp::socket::wait_read, std::forward<Handler>(h));
+  quiet_wait_read(w_.ioc(), sock_, tls_ ? ~std::uint64_t{0} : drained_turn_, std::forward<Handler>(h));
 }
 
 void session::on_idle_ready(error_code ec) {
@@ -560,7 +565,10 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
 
 bool session::head_now(http::bounded_buffer& in, error_code& ec) {
   // Readiness (or a pipelined request) brought us here, so the head is nearly always there.
-  return client([&](auto& s) { return parse_now(s, in, in.max_size(), *parser_, false, ec); });
+  bool drained = false;
+  const bool done = client([&](auto& s) { return parse_now(s, in, in.max_size(), *parser_, false, ec, &drained); });
+  if (drained) drained_turn_ = reactor_turn();
+  return done;
 }
 
 std::string session::head_error_response(error_code ec) {

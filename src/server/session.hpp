@@ -240,7 +240,9 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   // a client that goes away is noticed at once (even during a long prefill) and the upstream is
   // closed. When the request ends on a keep-alive connection with nothing buffered, the pending
   // wait is parked and becomes the idle wait: one epoll_ctl per request, where a watch read
-  // (EAGAIN) and then a new idle wait made two system calls.
+  // (EAGAIN) and then a new idle wait made two system calls. That epoll_ctl (Asio re-arms the
+  // registration for every readiness wait) is skipped when the head read in the same reactor
+  // turn drained the socket: the plain path, usually (quiet_wait.hpp).
   void start_watch();
   void arm_watch();
   /// One read from the client that never waits (plain or TLS): bytes into `room` (`got`), or what
@@ -321,6 +323,9 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   bool aborted_ = false;
   watch watch_ = watch::off;
   bool client_gone_ = false;
+  /// reactor_turn() when a read last took all the client socket held (plain only): a readiness
+  /// wait started in that same turn needs no epoll_ctl (quiet_wait.hpp).
+  std::uint64_t drained_turn_ = ~std::uint64_t{0};
   /// Present from the start of a request until the connection goes idle (worker's spares).
   std::unique_ptr<request_scratch> rq_;
 };

@@ -86,14 +86,17 @@ inline auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc,
 /// no read operation is needed: the part is parsed, or `ec` says why it cannot be; false when the
 /// bytes are not all there (nothing yet, EOF or an error: the read operation that follows finds
 /// and reports it). Used where the bytes are nearly always there: a request head that readiness
-/// brought, a reply after after_ready_handlers.
+/// brought, a reply after after_ready_handlers. `drained` (when given) is set when the read took
+/// everything the socket held: fewer bytes than asked for (see quiet_wait.hpp).
 template <class Socket, class Buffer, class Parser>
-bool parse_now(Socket& s, Buffer& buf, std::size_t cap, Parser& p, bool whole, error_code& ec) {
+bool parse_now(Socket& s, Buffer& buf, std::size_t cap, Parser& p, bool whole, error_code& ec,
+               bool* drained = nullptr) {
   if (buf.size() == 0) {
     const std::size_t want = std::min(std::max<std::size_t>(512, buf.capacity()), cap);
     auto room = buf.prepare(want);
     const auto n = recv_now(s, room.data(), room.size());
     if (n <= 0) return false;
+    if (drained && static_cast<std::size_t>(n) < room.size()) *drained = true;
     buf.commit(static_cast<std::size_t>(n));
   }
   if (whole) {
