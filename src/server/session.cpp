@@ -180,6 +180,12 @@ session::client_read session::read_client_now(asio::mutable_buffer room, std::si
   }
 }
 
+bool session::body_buffered() const {
+  if (parser_->is_done()) return true;
+  const auto left = parser_->content_length_remaining();
+  return left && !parser_->chunked() && *left <= buf_.size();
+}
+
 void session::park_watch() {
   if (watch_ == watch::on && buf_.size() == 0) watch_ = watch::parked;
 }
@@ -496,6 +502,10 @@ awaitable<void> session::serve() {
   auto self = shared_from_this();
   while (!aborted_) {
     const auto o = co_await serve_one();
+    if (watch_ == watch::on) {  // started before a router call, and the request ended before its reply
+      if (o == outcome::keep_alive && buf_.size() == 0) park_watch();
+      else co_await stop_watch();
+    }
     finish_request();
     if (o == outcome::close) break;
     if (buf_.size() == 0) {

@@ -252,6 +252,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   void on_watch(error_code ec);
   awaitable<void> stop_watch();
   void park_watch();
+  /// The rest of the request body is in buf_ (or there is none): no client read is needed for it.
+  bool body_buffered() const;
   /// off: no watch; on: watching; stopping: stop_watch() asked it to end; parked: the request
   /// ended and the pending wait serves as the idle wait.
   enum class watch : std::uint8_t { off, on, stopping, parked };

@@ -6,6 +6,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/container/small_vector.hpp>
 
+#include "ingressd/core/quiet_wait.hpp"
 #include "ingressd/core/scope.hpp"
 #include "ingressd/core/socket_io.hpp"
 #include "ingressd/http/message.hpp"
@@ -41,7 +42,14 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     rs.expect_continue = rs.has_body;
   }
 
-  if (router_decides(rs) && co_await decide_route(rs) == step::done) co_return rs.result;
+  if (router_decides(rs)) {
+    // The client watch (read_response_head) starts before the router call when that costs no
+    // epoll_ctl: the head read drained the socket in this reactor turn (quiet_wait.hpp), and the
+    // whole body is buffered, so that no body read on the client meets the watch's reads. serve()
+    // ends it if the request ends before read_response_head.
+    if (!tls_ && drained_turn_ == reactor_turn() && !rs.expect_continue && body_buffered()) start_watch();
+    if (co_await decide_route(rs) == step::done) co_return rs.result;
+  }
   for (;;) {  // step::again: choose, connect and send once more
     switch (pick_upstream(rs)) {
       case pick::pooled:
@@ -235,7 +243,7 @@ awaitable<session::step> session::send_request(request_state& rs) {
 
 awaitable<session::step> session::read_response_head(request_state& rs) {
   const auto& cfg = this->cfg();
-  start_watch();
+  if (watch_ != watch::on) start_watch();  // else started before the router call
   // Interim 1xx responses are forwarded, then skipped (hardening F2). The parser writes the head
   // for the client into rq_->head once the status line arrives.
   for (bool first_head = true;; first_head = false) {
