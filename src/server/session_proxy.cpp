@@ -49,6 +49,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     // ends it if the request ends before read_response_head.
     if (!tls_ && drained_turn_ == reactor_turn() && !rs.expect_continue && body_buffered()) start_watch();
     if (co_await decide_route(rs) == step::done) co_return rs.result;
+    if (client_gone_) co_return outcome::close;  // left during the router call: ask no replica
   }
   for (;;) {  // step::again: choose, connect and send once more
     switch (pick_upstream(rs)) {

@@ -223,6 +223,80 @@ TEST(RouterPath, ReplicaPinnedByRouterServesEachRequest) {
   EXPECT_EQ(c->request_count(), 4u);
 }
 
+// The client watch starts before the router call when the head read drained the socket in the
+// same reactor turn (quiet_wait.hpp): bytes that arrive during the call must still be seen.
+TEST(RouterPath, RequestPipelinedDuringTheRouterCallIsServed) {
+  auto a = make_replica("rep-a");
+  auto router = make_router(node_ip, "router-1");
+  router->set_replicas({"rep-a"});
+  auto slow = router_behaviour::round_robin();
+  slow.delay = 300ms;
+  router->set_behaviour(slow);
+  testing::proxy p(short_config(1), node_ip);
+  p.set_topology(one_app({a.get()}, {router.get()}));
+
+  auto conn = connection::open(proxy_host, p.port());
+  ASSERT_TRUE(conn.connected()) << conn.error();
+  ASSERT_TRUE(conn.write(format_request("POST", "/first", proxy_host, p.port(), {}, "{}"), 5s)) << conn.error();
+  std::this_thread::sleep_for(100ms);  // the first router call is in flight
+  ASSERT_TRUE(conn.write(format_request("POST", "/second", proxy_host, p.port(), {}, "{}"), 5s)) << conn.error();
+  for (const char* target : {"/first", "/second"}) {
+    auto r = conn.read_response(5s);
+    ASSERT_TRUE(r.complete) << target << ": " << r.error;
+    EXPECT_EQ(r.status, 200u) << target << ": " << r.body;
+  }
+  // And the connection still serves requests after both (the idle wait is armed).
+  auto third = exchange(conn, p, "POST", "/third", {}, "{}");
+  ASSERT_TRUE(third.complete) << third.error;
+  EXPECT_EQ(third.status, 200u);
+  EXPECT_EQ(a->request_count(), 3u);
+}
+
+TEST(RouterPath, RouterFailureWhileTheClientIsWatchedLeavesTheConnectionUsable) {
+  auto a = make_replica("rep-a");
+  auto router = make_router(node_ip, "router-1");
+  router->set_replicas({"rep-a"});
+  router->queue_behaviour(router_behaviour::respond(500, R"({"detail":"no"})"));
+  testing::proxy p(short_config(1), node_ip);
+  p.set_topology(one_app({a.get()}, {router.get()}));
+
+  auto conn = connection::open(proxy_host, p.port());
+  ASSERT_TRUE(conn.connected()) << conn.error();
+  auto failed = exchange(conn, p, "POST", "/x", {}, "{}");
+  ASSERT_TRUE(failed.complete) << failed.error;
+  EXPECT_EQ(failed.status, 503u);
+  if (!failed.keep_alive()) GTEST_SKIP() << "the 503 closes the connection";
+  for (int i = 0; i < 3; ++i) {
+    auto r = exchange(conn, p, "POST", "/x", {}, "{}");
+    ASSERT_TRUE(r.complete) << "request " << i << ": " << r.error;
+    EXPECT_EQ(r.status, 200u) << r.body;
+  }
+}
+
+TEST(RouterPath, ClientGoneDuringTheRouterCallIsCountedAndTheReplicaNotAsked) {
+  auto a = make_replica("rep-a");
+  auto router = make_router(node_ip, "router-1");
+  router->set_replicas({"rep-a"});
+  auto slow = router_behaviour::round_robin();
+  slow.delay = 300ms;
+  router->set_behaviour(slow);
+  testing::proxy p(short_config(1), node_ip);
+  p.set_topology(one_app({a.get()}, {router.get()}));
+  {
+    auto conn = connection::open(proxy_host, p.port());
+    ASSERT_TRUE(conn.connected()) << conn.error();
+    ASSERT_TRUE(conn.write(format_request("POST", "/gone", proxy_host, p.port(), {}, "{}"), 5s)) << conn.error();
+    std::this_thread::sleep_for(100ms);
+  }  // closed while the router call is in flight
+  std::this_thread::sleep_for(600ms);
+  // Still serving; the abandoned request never reached the replica.
+  router->set_behaviour(router_behaviour::round_robin());
+  auto r = post(p, {}, "{}");
+  ASSERT_TRUE(r.complete) << r.error;
+  EXPECT_EQ(r.status, 200u);
+  EXPECT_EQ(a->request_count(), 1u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Which requests consult the router
 
