@@ -1771,9 +1771,15 @@ def analyse(run, baseline, final_state, metrics_after, quiet):
     }
 
 
+# How long a replica may take to note a closed connection in its log: a replica killed within this
+# time after a request ended may have died before writing what it saw (a TSan run showed a client
+# abort, propagated by ingressd, whose replica was killed 10 ms later, before it logged the close).
+KILL_GRACE_S = 1.0
+
+
 def explain_kill(r, faults):
-    """The request was at a replica when it was killed."""
-    return any(f["kind"] == "replica_kill" and (r["t1"] or r["t0"]) >= f["t_begin"]
+    """The request was at a replica when it was killed, or had just left it."""
+    return any(f["kind"] == "replica_kill" and (r["t1"] or r["t0"]) >= f["t_begin"] - KILL_GRACE_S
                and any(name == f["target"] and t <= f["instant"][1] for name, t in r["hits"]) for f in faults)
 
 
