@@ -134,6 +134,11 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// After the response body: the lease back to the pool (or reset, and the client's connection
   /// too, when the stream broke: `broken`), the outcome for the connection.
   step end_relay(request_state& rs, bool broken);
+  /// How body_now left the next response piece: parsed into the relay window; the socket has
+  /// nothing yet (wait for readability); or for Beast's read (EOF, or bytes already buffered).
+  enum class piece_read : std::uint8_t { parsed, wait, beast };
+  /// One read of the replica socket without waiting, parsed into the relay window; errors in `ec`.
+  piece_read body_now(request_state& rs, error_code& ec);
   /// Ends the request with the response ingressd generates for `r`.
   awaitable<step> answer(request_state& rs, reason r);
   /// Ends the request after an upstream failure: the upstream connection is reset, the client
@@ -365,6 +370,9 @@ struct request_state {
   topology::in_flight_mark load;
   clock::time_point sent_at;
   std::optional<http::relay_response_parser> rp;
+  /// reactor_turn() when a read last found the replica socket empty (a short read or EAGAIN): a
+  /// readiness wait started in that turn needs no epoll_ctl, and a read would fail (quiet_wait.hpp).
+  std::uint64_t up_drained = ~std::uint64_t{0};
   bool chunked_out = false;  ///< the response goes to the client chunked (finish_response_head)
   session::outcome result = session::outcome::close;  ///< set by the stage that ended it
 };

@@ -47,7 +47,7 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
     // epoll_ctl: the head read drained the socket in this reactor turn (quiet_wait.hpp), and the
     // whole body is buffered, so that no body read on the client meets the watch's reads. serve()
     // ends it if the request ends before read_response_head.
-    if (!tls_ && drained_turn_ == reactor_turn() && !rs.expect_continue && body_buffered()) start_watch();
+    if (!tls_ && known_empty(sock_, drained_turn_) && !rs.expect_continue && body_buffered()) start_watch();
     if (co_await decide_route(rs) == step::done) co_return rs.result;
     if (client_gone_) co_return outcome::close;  // left during the router call: ask no replica
   }
@@ -257,9 +257,12 @@ awaitable<session::step> session::read_response_head(request_state& rs) {
     // The deadline, the client watch or abort() may have fired meanwhile, with no read pending
     // to cancel: end as that read would have.
     error_code ec;
+    bool drained = false;
     if (timed_out(phase::first_byte) || client_gone_ || aborted_) ec = asio::error::operation_aborted;
-    else if (!parse_now(rs.lease->sock, rs.lease->buf, relay_size, rp, false, ec))
+    else if (!parse_now(rs.lease->sock, rs.lease->buf, relay_size, rp, false, ec, &drained))
       std::tie(ec, std::ignore) = co_await bhttp::async_read_header(rs.lease->sock, rs.lease->buf, rp, nothrow);
+    else if (drained)
+      rs.up_drained = reactor_turn();
     if (ec) {
       co_await stop_watch();
       if (aborted_) co_return finish(rs, outcome::close);
@@ -369,8 +372,24 @@ awaitable<session::step> session::relay_response(request_state& rs) {
       // already buffered, else on its own at once (TTFT).
       if (rp.body_left() == relay_size && !read_ec && head_sent && !rp.is_done()) {
         arm(cfg.upstream.idle_timeout, phase::stream);
-        std::tie(read_ec, std::ignore) = co_await bhttp::async_read_some(rs.lease->sock, up_in, rp, nothrow);
-        if (read_ec == bhttp::error::need_buffer) read_ec = {};
+        // The next piece is read here (body_now). When the socket is empty, the coroutine waits
+        // for readability: without an epoll_ctl when the socket was found empty in this reactor
+        // turn (quiet_wait.hpp), and never by a recv that fails with EAGAIN, as Beast's read
+        // starts: one system call less per relayed event of a token stream.
+        for (;;) {
+          const auto r = body_now(rs, read_ec);
+          if (r == piece_read::parsed || read_ec) break;
+          if (r == piece_read::beast) {  // EOF, or a partial framing step to append to
+            std::tie(read_ec, std::ignore) = co_await bhttp::async_read_some(rs.lease->sock, up_in, rp, nothrow);
+            if (read_ec == bhttp::error::need_buffer) read_ec = {};
+            break;
+          }
+          auto [wec] = co_await quiet_readable(w_.ioc(), rs.lease->sock, rs.up_drained, nothrow);
+          if (wec) {
+            read_ec = wec;
+            break;
+          }
+        }
       }
       got = relay_size - rp.body_left();
     }
@@ -405,6 +424,21 @@ awaitable<session::step> session::relay_response(request_state& rs) {
   if (rs.close || broken || buf_.size() > 0) co_await stop_watch();
   else park_watch();
   co_return end_relay(rs, broken);
+}
+
+session::piece_read session::body_now(request_state& rs, error_code& ec) {
+  auto& c = rs.lease.conn();
+  if (c.buf.size() != 0) return piece_read::beast;
+  // Skipped when the socket was found empty in this reactor turn: it would fail with EAGAIN.
+  if (known_empty(c.sock, rs.up_drained)) return piece_read::wait;
+  bool drained = false;
+  const auto n = fill_now(c.sock, c.buf, relay_size, ec, &drained);
+  if (drained) rs.up_drained = reactor_turn();
+  if (n == 0) return piece_read::beast;  // EOF: Beast's read ends the body or reports it cut
+  if (n < 0) return piece_read::wait;    // or `ec`
+  http::put_buffered(*rs.rp, c.buf, ec);
+  if (ec == bhttp::error::need_buffer || ec == bhttp::error::need_more) ec = {};
+  return piece_read::parsed;
 }
 
 session::step session::end_relay(request_state& rs, bool broken) {

@@ -929,6 +929,23 @@ TEST(Hardening, G2_client_half_close_aborts_the_exchange) {
   EXPECT_FALSE(rest.timed_out) << "the client must not be left hanging";
 }
 
+// The same with the request and the FIN in one event, on a pooled replica connection: the client
+// watch then starts in the reactor turn that read the request, and must still see the FIN that
+// came with it (no edge will report it again).
+TEST(Hardening, G2_client_half_close_with_the_request_aborts_on_a_pooled_upstream) {
+  env e(hardening_config(), replica_named(replica_name, 50ms, 200));
+  expect_served(e, get_req("/warm"));  // leaves a pooled connection to the replica
+  for (int i = 0; i < 5; ++i) {
+    auto c = connection::open(loopback, e.p.port());
+    ASSERT_TRUE(c.write(stream_request()));
+    c.shutdown_write();
+    ASSERT_TRUE(e.r.wait_for_aborted_responses(static_cast<std::size_t>(i + 1), 3s))
+        << "attempt " << i << ": the upstream stream must be cancelled";
+    auto rest = c.read_until_close(3s);
+    EXPECT_FALSE(rest.timed_out) << "the client must not be left hanging";
+  }
+}
+
 TEST(Hardening, G3_upstream_reset_mid_stream_aborts_client) {
   env e(hardening_config(), replica_named(replica_name, 30ms, 8));
   e.r.set_behaviour(replica_behaviour::reset_after_events(3));

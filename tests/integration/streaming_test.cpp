@@ -10,6 +10,7 @@
 #include <vector>
 #include <string>
 
+#include <boost/asio/write.hpp>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -500,6 +501,67 @@ TEST(Streaming, Http10ClientGetsCloseDelimitedStreamWithoutTransferEncoding) {
   EXPECT_EQ(res.events.back().data, "[DONE]");
   EXPECT_EQ(res.body.find("\r\n0\r\n"), std::string::npos) << "chunk framing leaked into the body";
   EXPECT_TRUE(c.is_closed(1s)) << "the body ends by close";
+}
+
+/// A replica that answers one request with `head`, then each of `pieces` `gap` apart, then closes:
+/// a raw server, for bodies the fake replica does not frame (one that ends at the close).
+struct piecewise_replica {
+  asio::io_context ioc;
+  tcp::acceptor acc{ioc, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)};
+  std::thread t;
+  piecewise_replica(std::string head, std::vector<std::string> pieces, std::chrono::milliseconds gap) {
+    t = std::thread([this, head = std::move(head), pieces = std::move(pieces), gap] {
+      error_code ec;
+      tcp::socket s(ioc);
+      acc.accept(s, ec);
+      if (ec) return;
+      std::string in;
+      while (in.find("\r\n\r\n") == std::string::npos) {
+        char b[512];
+        const auto n = s.read_some(asio::buffer(b), ec);
+        if (ec) return;
+        in.append(b, n);
+      }
+      asio::write(s, asio::buffer(head), ec);
+      for (const auto& piece : pieces) {
+        // The gap only makes it likely that ingressd waits for the next piece (the path under
+        // test); the assertions hold whatever the timing.
+        std::this_thread::sleep_for(gap);
+        asio::write(s, asio::buffer(piece), ec);
+      }
+      s.shutdown(tcp::socket::shutdown_send, ec);
+      char b[64];
+      while (!ec) s.read_some(asio::buffer(b), ec);  // until ingressd closes its side
+    });
+  }
+  ~piecewise_replica() {
+    error_code ec;
+    acc.close(ec);
+    t.join();
+  }
+  std::uint16_t port() const { return acc.local_endpoint().port(); }
+};
+
+// The relay reads each piece when the replica socket becomes readable (body_now, quiet_wait.hpp);
+// EOF goes to Beast's read, which ends a body delimited by the close and cuts any other.
+TEST(Streaming, ReplicaBodyInPiecesIsRelayedWholeWhetherItEndsByLengthOrByClose) {
+  const std::vector<std::string> events{"data: t1\n\n", "data: t2\n\n", "data: t3\n\n"};
+  for (const bool by_close : {true, false}) {
+    const std::string head = std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n") +
+                             (by_close ? "Connection: close\r\n" : "Content-Length: 30\r\n") + "\r\n";
+    piecewise_replica r(head, events, 20ms);
+    proxy p(test_config());
+    p.set_topology(topology_builder().app("llm", "/", {testing::make_target(r.port(), "SERVE_REPLICA::llm#A#1")}));
+    auto res = http_get(loopback, p.port(), "/stream", {}, 5s);
+    ASSERT_TRUE(res.complete) << (by_close ? "close-delimited: " : "Content-Length: ") << res.error;
+    EXPECT_EQ(res.status, 200u);
+    EXPECT_EQ(res.body, events[0] + events[1] + events[2]);
+    ASSERT_EQ(res.events.size(), 3u);
+    EXPECT_EQ(res.events[2].data, "t3");
+    if (by_close) {
+      EXPECT_TRUE(res.chunked) << "a close-delimited body goes to an HTTP/1.1 client chunked";
+    }
+  }
 }
 
 }  // namespace

@@ -115,6 +115,47 @@ TEST(ParseNow, AParseErrorSettlesIt) {
   EXPECT_TRUE(ec);
 }
 
+TEST(FillNow, SaysWhatTheSocketHeldAndWhetherTheReadTookItAll) {
+  socket_pair s;
+  boost::beast::flat_buffer buf;
+  error_code ec;
+  bool drained = false;
+  // Nothing there: -1, no error, and the socket is known empty.
+  EXPECT_EQ(fill_now(s.a, buf, 65536, ec, &drained), -1);
+  EXPECT_FALSE(ec);
+  EXPECT_TRUE(drained);
+  // Fewer bytes than asked for: all of it was taken.
+  asio::write(s.b, asio::buffer(std::string("abc")));
+  s.a.wait(tcp::socket::wait_read);
+  drained = false;
+  EXPECT_EQ(fill_now(s.a, buf, 65536, ec, &drained), 3);
+  EXPECT_TRUE(drained);
+  EXPECT_EQ(http::pending(buf), "abc");
+  // As many as asked for (the cap): more may be waiting, so not drained.
+  buf.consume(buf.size());
+  asio::write(s.b, asio::buffer(std::string(2000, 'x')));
+  s.a.wait(tcp::socket::wait_read);
+  drained = false;
+  EXPECT_EQ(fill_now(s.a, buf, 512, ec, &drained), 512);
+  EXPECT_FALSE(drained);
+  // EOF once the rest is read.
+  buf.consume(buf.size());
+  s.b.shutdown(tcp::socket::shutdown_send);
+  for (std::ptrdiff_t n; (n = fill_now(s.a, buf, 65536, ec, nullptr)) != 0;) {
+    ASSERT_FALSE(ec);
+    if (n < 0) s.a.wait(tcp::socket::wait_read);
+  }
+  EXPECT_EQ(buf.size(), 2000u - 512u);
+  // A reset is an error, not "nothing yet".
+  socket_pair r;
+  r.b.set_option(asio::socket_base::linger(true, 0));
+  r.b.close();
+  r.a.wait(tcp::socket::wait_read);
+  boost::beast::flat_buffer buf2;
+  EXPECT_EQ(fill_now(r.a, buf2, 65536, ec, nullptr), -1);
+  EXPECT_EQ(ec, asio::error::connection_reset) << ec.message();
+}
+
 std::string bytes_of(http::framed_piece& f) {
   std::string out;
   for (const auto& b : f.buffers()) out.append(static_cast<const char*>(b.data()), b.size());

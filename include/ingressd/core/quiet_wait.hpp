@@ -12,7 +12,10 @@
 // queued. That cannot have happened when the socket was drained (a read returned less than it
 // asked for, or EAGAIN) during the current reactor turn — after the last epoll_wait of this
 // thread: bytes that came after that read raise an edge that the next epoll_wait reports, and
-// by then the wait is queued. quiet_wait_read queues the wait without the re-arm in exactly that
+// by then the wait is queued. One exception: a FIN that came with the data a short read took is
+// still unread, and its edge was reported with the data. So the process's epoll_ctl registers
+// EPOLLRDHUP, its epoll_wait notes the registrations a FIN, hang-up or error was reported for,
+// and those never wait quietly (detail::hung_up; nginx keeps the same fact as `pending_eof`). quiet_wait_read queues the wait without the re-arm in exactly that
 // case (the caller says when it drained: note_drained(), reactor_turn()), else it is an ordinary
 // async_wait. Built with Asio's io_uring backend it is always the ordinary async_wait.
 //
@@ -21,6 +24,7 @@
 #include <cstdint>
 #include <utility>
 
+#include <boost/asio/async_result.hpp>
 #include <boost/asio/basic_stream_socket.hpp>
 #include <boost/asio/detail/config.hpp>
 #if defined(BOOST_ASIO_HAS_EPOLL)
@@ -41,6 +45,11 @@ extern thread_local std::uint64_t reactor_turns;
 
 /// How many times this thread has entered epoll_wait (0 when the build does not use epoll).
 inline std::uint64_t reactor_turn() noexcept { return detail::reactor_turns; }
+
+namespace detail {
+/// A FIN, hang-up or error was reported for this reactor registration (src/core/asio_impl.cpp).
+bool hung_up(const void* registration) noexcept;
+}  // namespace detail
 
 /// Built with Asio's epoll reactor (not its io_uring backend): quiet waits skip the re-arm.
 #if defined(BOOST_ASIO_HAS_EPOLL)
@@ -105,7 +114,7 @@ void quiet_wait_read(asio::io_context& ioc, asio::basic_stream_socket<Protocol, 
   namespace d = boost::asio::detail;
   using socket_type = asio::basic_stream_socket<Protocol, Executor>;
   auto& impl = detail::socket_impl<socket_type>::of(s);
-  if (drained_turn == reactor_turn() && impl.reactor_data_ != nullptr) {
+  if (drained_turn == reactor_turn() && impl.reactor_data_ != nullptr && !detail::hung_up(impl.reactor_data_)) {
     using handler_type = std::decay_t<Handler>;
     using op = detail::quiet_wait_op<handler_type, Executor>;
     handler_type handler(std::forward<Handler>(h));
@@ -120,6 +129,27 @@ void quiet_wait_read(asio::io_context& ioc, asio::basic_stream_socket<Protocol, 
   }
 #endif
   s.async_wait(asio::socket_base::wait_read, std::forward<Handler>(h));
+}
+
+/// The socket holds nothing to read: it was drained in this reactor turn (`drained_turn`) and no
+/// FIN, hang-up or error is pending on it. Then a read would fail with EAGAIN.
+template <class Protocol, class Executor>
+bool known_empty(asio::basic_stream_socket<Protocol, Executor>& s, std::uint64_t drained_turn) {
+#if defined(BOOST_ASIO_HAS_EPOLL)
+  if (drained_turn != reactor_turn()) return false;
+  const auto* registration = detail::socket_impl<asio::basic_stream_socket<Protocol, Executor>>::of(s).reactor_data_;
+  return registration != nullptr && !detail::hung_up(registration);
+#else
+  return false;
+#endif
+}
+
+/// quiet_wait_read as an asynchronous operation: `co_await quiet_readable(ioc, s, turn, nothrow)`.
+template <class Protocol, class Executor, class Token>
+auto quiet_readable(asio::io_context& ioc, asio::basic_stream_socket<Protocol, Executor>& s, std::uint64_t drained_turn,
+                    Token&& token) {
+  return asio::async_initiate<Token, void(error_code)>(
+      [&ioc, &s, drained_turn](auto handler) { quiet_wait_read(ioc, s, drained_turn, std::move(handler)); }, token);
 }
 
 }  // namespace ingressd

@@ -81,6 +81,28 @@ awaitable<error_code> send(Socket& s, std::span<asio::const_buffer> bufs) {
 /// here finds no operation to cancel, so the caller must check for one before it reads.
 inline auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc, use_awaitable); }
 
+/// One read of what the socket holds now into the empty `buf` (at least 512 bytes asked, at most
+/// `cap`): the bytes read, 0 at EOF, -1 when nothing is there yet (`ec` clear) or on an error
+/// (`ec`; plain sockets only: a TLS stream's recv_now leaves errno unspecified). `drained` (when given) is set when the read took everything the socket held: fewer
+/// bytes than asked for, or nothing yet (see quiet_wait.hpp).
+template <class Socket, class Buffer>
+std::ptrdiff_t fill_now(Socket& s, Buffer& buf, std::size_t cap, error_code& ec, bool* drained = nullptr) {
+  const std::size_t want = std::min(std::max<std::size_t>(512, buf.capacity()), cap);
+  auto room = buf.prepare(want);
+  const auto n = recv_now(s, room.data(), room.size());
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      if (drained && errno != EINTR) *drained = true;
+    } else {
+      ec = error_code(errno, asio::error::get_system_category());
+    }
+    return -1;
+  }
+  if (drained && n > 0 && static_cast<std::size_t>(n) < room.size()) *drained = true;
+  buf.commit(static_cast<std::size_t>(n));
+  return n;
+}
+
 /// Takes what the socket holds now (only when nothing is buffered yet; at most `cap` bytes
 /// buffered) and parses it here. `whole`: the complete message, else its head only. True when
 /// no read operation is needed: the part is parsed, or `ec` says why it cannot be; false when the
@@ -92,12 +114,10 @@ template <class Socket, class Buffer, class Parser>
 bool parse_now(Socket& s, Buffer& buf, std::size_t cap, Parser& p, bool whole, error_code& ec,
                bool* drained = nullptr) {
   if (buf.size() == 0) {
-    const std::size_t want = std::min(std::max<std::size_t>(512, buf.capacity()), cap);
-    auto room = buf.prepare(want);
-    const auto n = recv_now(s, room.data(), room.size());
-    if (n <= 0) return false;
-    if (drained && static_cast<std::size_t>(n) < room.size()) *drained = true;
-    buf.commit(static_cast<std::size_t>(n));
+    error_code ignored;  // the read operation that follows finds and reports it
+    bool took_all = false;
+    if (fill_now(s, buf, cap, ignored, &took_all) <= 0) return false;
+    if (drained && took_all) *drained = true;
   }
   if (whole) {
     http::put_buffered(p, buf, ec);
