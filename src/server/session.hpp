@@ -135,7 +135,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// too, when the stream broke: `broken`), the outcome for the connection.
   step end_relay(request_state& rs, bool broken);
   /// How body_now left the next response piece: parsed into the relay window; the socket has
-  /// nothing yet (wait for readability); or for Beast's read (EOF, or bytes already buffered).
+  /// nothing yet (wait for readability); or for Beast's read (EOF, or a full buffer).
   enum class piece_read : std::uint8_t { parsed, wait, beast };
   /// One read of the replica socket without waiting, parsed into the relay window; errors in `ec`.
   piece_read body_now(request_state& rs, error_code& ec);

@@ -379,7 +379,7 @@ awaitable<session::step> session::relay_response(request_state& rs) {
         for (;;) {
           const auto r = body_now(rs, read_ec);
           if (r == piece_read::parsed || read_ec) break;
-          if (r == piece_read::beast) {  // EOF, or a partial framing step to append to
+          if (r == piece_read::beast) {  // EOF, or a buffer full of one framing step
             std::tie(read_ec, std::ignore) = co_await bhttp::async_read_some(rs.lease->sock, up_in, rp, nothrow);
             if (read_ec == bhttp::error::need_buffer) read_ec = {};
             break;
@@ -428,7 +428,10 @@ awaitable<session::step> session::relay_response(request_state& rs) {
 
 session::piece_read session::body_now(request_state& rs, error_code& ec) {
   auto& c = rs.lease.conn();
-  if (c.buf.size() != 0) return piece_read::beast;
+  // Bytes of a framing step may wait in the buffer (a chunk's CRLF before the next chunk's
+  // header): the read appends to them. A buffer that holds a whole relay window is Beast's
+  // (its read stops an endless chunk-size line at the cap).
+  if (c.buf.size() >= relay_size) return piece_read::beast;
   // Skipped when the socket was found empty in this reactor turn: it would fail with EAGAIN.
   if (known_empty(c.sock, rs.up_drained)) return piece_read::wait;
   bool drained = false;

@@ -81,13 +81,15 @@ awaitable<error_code> send(Socket& s, std::span<asio::const_buffer> bufs) {
 /// here finds no operation to cancel, so the caller must check for one before it reads.
 inline auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc, use_awaitable); }
 
-/// One read of what the socket holds now into the empty `buf` (at least 512 bytes asked, at most
-/// `cap`): the bytes read, 0 at EOF, -1 when nothing is there yet (`ec` clear) or on an error
-/// (`ec`; plain sockets only: a TLS stream's recv_now leaves errno unspecified). `drained` (when given) is set when the read took everything the socket held: fewer
+/// One read of what the socket holds now, appended to `buf` (which must hold fewer than `cap`
+/// bytes; at least 512 bytes asked, `cap` in all at most): the bytes read, 0 at EOF, -1 when
+/// nothing is there yet (`ec` clear) or on an error (`ec`; plain sockets only: a TLS stream's
+/// recv_now leaves errno unspecified). `drained` (when given) is set when the read took everything the socket held: fewer
 /// bytes than asked for, or nothing yet (see quiet_wait.hpp).
 template <class Socket, class Buffer>
 std::ptrdiff_t fill_now(Socket& s, Buffer& buf, std::size_t cap, error_code& ec, bool* drained = nullptr) {
-  const std::size_t want = std::min(std::max<std::size_t>(512, buf.capacity()), cap);
+  const std::size_t have = buf.size();
+  const std::size_t want = std::min(std::max<std::size_t>(512, buf.capacity() - have), cap - have);
   auto room = buf.prepare(want);
   const auto n = recv_now(s, room.data(), room.size());
   if (n < 0) {
