@@ -35,7 +35,10 @@ extern "C" int epoll_wait(int epfd, struct epoll_event* events, int maxevents, i
   ++ingressd::detail::reactor_turns;
   const int n = ::epoll_pwait(epfd, events, maxevents, timeout, nullptr);
   for (int i = 0; i < n; ++i)
-    if (events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) ingressd::detail::hung_up_set.insert(events[i].data.ptr);
+    if (events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      const void* registration = events[i].data.ptr;  // a copy: epoll_event is packed on x86-64
+      ingressd::detail::hung_up_set.insert(registration);
+    }
   return n;
 }
 
@@ -50,8 +53,10 @@ extern "C" int epoll_ctl(int epfd, int op, int fd, struct epoll_event* ev) {
     with_rdhup = *ev;
     with_rdhup.events |= EPOLLRDHUP;
     ev = &with_rdhup;
-    if (op == EPOLL_CTL_ADD && !ingressd::detail::hung_up_set.empty())
-      ingressd::detail::hung_up_set.erase(with_rdhup.data.ptr);
+    if (op == EPOLL_CTL_ADD && !ingressd::detail::hung_up_set.empty()) {
+      const void* registration = with_rdhup.data.ptr;  // a copy: epoll_event is packed on x86-64
+      ingressd::detail::hung_up_set.erase(registration);
+    }
   }
   return static_cast<int>(::syscall(SYS_epoll_ctl, epfd, op, fd, ev));
 }
