@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fakes/admin_client.hpp"
 #include "fakes/http_client.hpp"
 #include "fakes/servers.hpp"
 #include "fakes/topology_builder.hpp"
@@ -223,22 +224,34 @@ TEST(RouterPath, ReplicaPinnedByRouterServesEachRequest) {
   EXPECT_EQ(c->request_count(), 4u);
 }
 
+/// One worker and one app: replica rep-a, chosen by router-1, which answers as `b` says.
+struct one_router_app {
+  std::unique_ptr<replica_server> a = make_replica("rep-a");
+  std::unique_ptr<router_server> router = make_router(node_ip, "router-1");
+  testing::proxy p;
+  explicit one_router_app(const router_behaviour& b) : p(short_config(1), node_ip) {
+    router->set_replicas({"rep-a"});
+    router->set_behaviour(b);
+    p.set_topology(one_app({a.get()}, {router.get()}));
+  }
+};
+
+/// A router that takes 300 ms to answer: long enough to act while its call is in flight.
+router_behaviour slow_router() {
+  auto b = router_behaviour::round_robin();
+  b.delay = 300ms;
+  return b;
+}
+
 // The client watch starts before the router call when the head read drained the socket in the
 // same reactor turn (quiet_wait.hpp): bytes that arrive during the call must still be seen.
 TEST(RouterPath, RequestPipelinedDuringTheRouterCallIsServed) {
-  auto a = make_replica("rep-a");
-  auto router = make_router(node_ip, "router-1");
-  router->set_replicas({"rep-a"});
-  auto slow = router_behaviour::round_robin();
-  slow.delay = 300ms;
-  router->set_behaviour(slow);
-  testing::proxy p(short_config(1), node_ip);
-  p.set_topology(one_app({a.get()}, {router.get()}));
-
+  one_router_app t(slow_router());
+  auto& p = t.p;
   auto conn = connection::open(proxy_host, p.port());
   ASSERT_TRUE(conn.connected()) << conn.error();
   ASSERT_TRUE(conn.write(format_request("POST", "/first", proxy_host, p.port(), {}, "{}"), 5s)) << conn.error();
-  std::this_thread::sleep_for(100ms);  // the first router call is in flight
+  ASSERT_TRUE(t.router->wait_for_requests(1, 5s));  // the first router call is in flight
   ASSERT_TRUE(conn.write(format_request("POST", "/second", proxy_host, p.port(), {}, "{}"), 5s)) << conn.error();
   for (const char* target : {"/first", "/second"}) {
     auto r = conn.read_response(5s);
@@ -249,17 +262,13 @@ TEST(RouterPath, RequestPipelinedDuringTheRouterCallIsServed) {
   auto third = exchange(conn, p, "POST", "/third", {}, "{}");
   ASSERT_TRUE(third.complete) << third.error;
   EXPECT_EQ(third.status, 200u);
-  EXPECT_EQ(a->request_count(), 3u);
+  EXPECT_EQ(t.a->request_count(), 3u);
 }
 
 TEST(RouterPath, RouterFailureWhileTheClientIsWatchedLeavesTheConnectionUsable) {
-  auto a = make_replica("rep-a");
-  auto router = make_router(node_ip, "router-1");
-  router->set_replicas({"rep-a"});
-  router->queue_behaviour(router_behaviour::respond(500, R"({"detail":"no"})"));
-  testing::proxy p(short_config(1), node_ip);
-  p.set_topology(one_app({a.get()}, {router.get()}));
-
+  one_router_app t(router_behaviour::round_robin());
+  auto& p = t.p;
+  t.router->queue_behaviour(router_behaviour::respond(500, R"({"detail":"no"})"));
   auto conn = connection::open(proxy_host, p.port());
   ASSERT_TRUE(conn.connected()) << conn.error();
   auto failed = exchange(conn, p, "POST", "/x", {}, "{}");
@@ -274,27 +283,24 @@ TEST(RouterPath, RouterFailureWhileTheClientIsWatchedLeavesTheConnectionUsable) 
 }
 
 TEST(RouterPath, ClientGoneDuringTheRouterCallIsCountedAndTheReplicaNotAsked) {
-  auto a = make_replica("rep-a");
-  auto router = make_router(node_ip, "router-1");
-  router->set_replicas({"rep-a"});
-  auto slow = router_behaviour::round_robin();
-  slow.delay = 300ms;
-  router->set_behaviour(slow);
-  testing::proxy p(short_config(1), node_ip);
-  p.set_topology(one_app({a.get()}, {router.get()}));
+  one_router_app t(slow_router());
+  auto& p = t.p;
   {
     auto conn = connection::open(proxy_host, p.port());
     ASSERT_TRUE(conn.connected()) << conn.error();
     ASSERT_TRUE(conn.write(format_request("POST", "/gone", proxy_host, p.port(), {}, "{}"), 5s)) << conn.error();
-    std::this_thread::sleep_for(100ms);
+    ASSERT_TRUE(t.router->wait_for_requests(1, 5s));  // the router call is in flight
   }  // closed while the router call is in flight
-  std::this_thread::sleep_for(600ms);
+  // The abandoned request has ended once it is counted.
+  const auto m = testing::scrape_until(
+      p.admin_port(), [](const testing::metrics_scrape& s) { return s.sum("ingressd_requests_total{") == 1; }, 10s);
+  ASSERT_EQ(m.sum("ingressd_requests_total{"), 1) << m.text;
   // Still serving; the abandoned request never reached the replica.
-  router->set_behaviour(router_behaviour::round_robin());
+  t.router->set_behaviour(router_behaviour::round_robin());
   auto r = post(p, {}, "{}");
   ASSERT_TRUE(r.complete) << r.error;
   EXPECT_EQ(r.status, 200u);
-  EXPECT_EQ(a->request_count(), 1u);
+  EXPECT_EQ(t.a->request_count(), 1u);
 }
 
 // ---------------------------------------------------------------------------------------------
