@@ -1668,10 +1668,13 @@ def analyse(run, baseline, final_state, metrics_after, quiet):
                                                     for f in replica_faults)]
 
     # Metrics against the client's counts (after the load: nothing in flight).
+    # A stream the client left mid-way is counted by ingressd as 499 (as Ray's proxy does), not as
+    # the status its response began with.
     client_codes = {}
     for r in recs:
         if r["status"] is not None:
-            client_codes[str(r["status"])] = client_codes.get(str(r["status"]), 0) + 1
+            code = "499" if r["outcome"] == "aborted" else str(r["status"])
+            client_codes[code] = client_codes.get(code, 0) + 1
     daemon_codes = {}
     for n, l, v in metrics_after:
         if n == "ingressd_requests_total" and v:

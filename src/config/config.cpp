@@ -698,6 +698,9 @@ const std::vector<flag_spec>& flag_table() {
     t.push_back({"access-log", "PATH|-|off",
                  "JSON access log: a file, - for stdout, or off (default " + d.access_log + ")", "access_log",
                  nullptr});
+    t.push_back({"health-path", "PATH",
+                 "replica health check path (default " + d.health.path + "; a plain HTTP backend may need /)",
+                 "health.path", nullptr});
     t.push_back({"check-config", "", "validate config + topology source settings, print result, exit", "",
                  &command_line::check_config});
     t.push_back({"demo", "", "run with a built-in demo cluster on loopback", "", &command_line::demo});

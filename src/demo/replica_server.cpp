@@ -1,5 +1,7 @@
 #include "ingressd/demo/replica_server.hpp"
 
+#include <chrono>
+
 #include <array>
 #include <cstdio>
 
@@ -164,7 +166,8 @@ awaitable<after_reply> replica_server::handle(exchange& ex) {
       break;
   }
 
-  if (req.method == "POST" && ends_with(path, "/completions")) {
+  const bool completion = req.method == "POST" && ends_with(path, "/completions");
+  if (completion) {
     const auto body = nlohmann::json::parse(req.body, nullptr, false);
     bool streaming = false;
     if (body.is_object()) {
@@ -175,6 +178,27 @@ awaitable<after_reply> replica_server::handle(exchange& ex) {
   }
 
   nlohmann::ordered_json echo;
+  if (completion) {
+    // A non-streamed completion is an OpenAI object (SDKs read choices[0]), with the echo below
+    // as extra fields, which SDKs ignore.
+    ++stream_seq_;
+    std::string text;
+    for (std::size_t i = 0; i < opts_.tokens; ++i) text += token_text(i, opts_.name);
+    echo["id"] = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(stream_seq_);
+    echo["object"] = chat ? "chat.completion" : "text_completion";
+    echo["created"] = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+    echo["model"] = "demo-llm";
+    nlohmann::ordered_json choice;
+    choice["index"] = 0;
+    if (chat)
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    else
+      choice["text"] = text;
+    choice["finish_reason"] = "stop";
+    echo["choices"] = nlohmann::ordered_json::array({choice});
+    echo["usage"] = {{"prompt_tokens", 1}, {"completion_tokens", opts_.tokens}, {"total_tokens", opts_.tokens + 1}};
+  }
   echo["replica"] = opts_.name;
   echo["method"] = req.method;
   echo["target"] = req.target;

@@ -96,7 +96,7 @@ awaitable<std::string> probe(target_state& ts, tcp::endpoint dial, const std::st
   error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
   stream.socket().close(ignored);
-  if (status != 200) co_return "HTTP " + std::to_string(status);
+  if (status != 200) co_return "HTTP " + std::to_string(status) + " on " + path;
   co_return std::string{};
 }
 

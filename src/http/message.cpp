@@ -1,6 +1,7 @@
 #include "ingressd/http/message.hpp"
 
 #include <charconv>
+#include <cstdint>
 
 #include <boost/beast/http/status.hpp>
 
@@ -60,7 +61,7 @@ std::string make_response(unsigned status, std::string_view content_type, std::s
 }
 
 std::string make_reason_response(reason r, bool close, unsigned version, bool head_only,
-                                 std::string_view path) {
+                                 std::string_view path, std::string_view detail) {
   std::string body;
   auto name = to_string(r);
   if (is_router_failure(r)) {
@@ -73,6 +74,7 @@ std::string make_reason_response(reason r, bool close, unsigned version, bool he
         .append(": ")
         .append(name);
   }
+  if (!detail.empty()) body.append("; ").append(detail);
   return make_response(status_of(r), "text/plain", body, close, version, head_only, name);
 }
 
@@ -81,6 +83,27 @@ std::size_t chunk_header(char* out, std::size_t n) noexcept {
   end[0] = '\r';
   end[1] = '\n';
   return static_cast<std::size_t>(end + 2 - out);
+}
+
+bool http2_preface(std::string_view bytes) noexcept { return bytes.starts_with("PRI * HTTP/2.0\r\n"); }
+
+std::string http2_refusal(std::string_view why) {
+  // Frames (RFC 9113 §4.1): 24-bit length, type, flags, 31-bit stream id; then the payload.
+  auto frame = [](std::string& out, std::uint8_t type, std::string_view payload) {
+    const auto n = static_cast<std::uint32_t>(payload.size());
+    const char head[9] = {static_cast<char>(n >> 16), static_cast<char>(n >> 8), static_cast<char>(n),
+                          static_cast<char>(type), 0, 0, 0, 0, 0};
+    out.append(head, sizeof head).append(payload);
+  };
+  constexpr std::uint8_t settings = 0x4, goaway = 0x7;
+  constexpr char http_1_1_required = 0xd;
+  // GOAWAY: last stream id 0 (none was processed), the error code, the debug data.
+  std::string payload{0, 0, 0, 0, 0, 0, 0, http_1_1_required};
+  payload.append(why.substr(0, 1024));
+  std::string out;
+  frame(out, settings, {});
+  frame(out, goaway, payload);
+  return out;
 }
 
 void framed_piece::data(const void* p, std::size_t n) noexcept {

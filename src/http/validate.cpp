@@ -1,6 +1,7 @@
 // Request head validation (include/ingressd/http/validate.hpp).
 #include "ingressd/http/validate.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -161,6 +162,28 @@ verdict check_target(std::string_view t) noexcept {
   return {};
 }
 
+/// True when `name` spells a framing, hop-by-hop or forwarding header with `_` for `-`
+/// (Transfer_Encoding, Content_Length, X_Forwarded_For, ...). Backends that fold `_` into `-`
+/// (CGI/WSGI-style servers) would read such a field as the real one: a Content_Length or
+/// Transfer_Encoding twin frames the body differently from ingressd (smuggling), an
+/// X_Forwarded_For twin stands beside the address ingressd writes. Other names with `_` stay
+/// accepted (Ray's session header may be spelled `x_session_id`).
+bool underscore_twin(std::string_view name) noexcept {
+  static constexpr std::array<std::string_view, 8> dashed{
+      "content-length", "transfer-encoding", "keep-alive", "proxy-connection", "http2-settings",
+      "x-forwarded-for", "x-forwarded-proto", "x-request-id"};
+  for (auto d : dashed) {
+    if (d.size() != name.size()) continue;
+    bool same = true;
+    for (std::size_t i = 0; i < d.size() && same; ++i) {
+      const char c = name[i] == '_' ? '-' : lower(name[i]);
+      same = c == d[i];
+    }
+    if (same) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool forwarded_method(std::string_view m) noexcept {
@@ -218,6 +241,8 @@ verdict check_request_head(std::string_view raw, const bhttp::request_header<>& 
       if (!(byte_class[c] & k_tchar)) return {400, "invalid header field name"};
     auto value = trim_ows(line.substr(colon + 1));
     ++fields;
+    if (name.find('_') != std::string_view::npos && underscore_twin(name))
+      return {400, "underscore in the name of a framing, hop-by-hop or forwarding header"};
     if (iequals(name, "content-length")) {
       ++cl_lines;
       cl_value = value;
@@ -295,12 +320,44 @@ std::size_t leading_empty_lines(std::string_view pending) noexcept {
   return n;
 }
 
+namespace {
+
+/// Whether `text` holds a line end other than CRLF before `end`: an LF without its CR, or a CR
+/// followed by something else than LF. A CR at the very end may still get its LF.
+bool bare_line_end(std::string_view text, std::size_t end) noexcept {
+  end = std::min(end, text.size());
+  for (std::size_t i = 0; i < end; ++i) {
+    if (text[i] == '\n') return true;  // every CRLF ends the scan before its LF
+    if (text[i] == '\r' && i + 1 < text.size() && text[i + 1] != '\n') return true;
+  }
+  return false;
+}
+
+/// After a last chunk's line: trailer fields, then the empty line, all ended by CRLF. True when
+/// a bare LF or CR stands in them: Beast waits for a CRLF CRLF that such a client never sends.
+bool malformed_trailer_section(std::string_view rest) noexcept {
+  for (;;) {
+    const auto eol = rest.find("\r\n");
+    if (bare_line_end(rest, eol)) return true;
+    if (eol == 0 || eol == std::string_view::npos) return false;  // the end, or not there yet
+    rest.remove_prefix(eol + 2);
+  }
+}
+
+}  // namespace
+
 bool malformed_chunk_line(std::string_view pending) noexcept {
   // The CRLF that ends the previous chunk's data comes first (Beast parses it with the header).
   if (pending.starts_with("\r\n")) pending.remove_prefix(2);
   const auto eol = pending.find("\r\n");
+  // A line ended by LF alone (or with a stray CR) never gets the CRLF Beast waits for.
+  if (bare_line_end(pending, eol)) return true;
   if (eol == std::string_view::npos) return false;  // not a whole line yet: incomplete, not bad
   const std::string_view line = pending.substr(0, eol);
+  // The last chunk (size 0): Beast also waits for the trailer section's end.
+  if (line.find_first_not_of('0') == line.find_first_of("; \t") && line.front() == '0' &&
+      malformed_trailer_section(pending.substr(eol + 2)))
+    return true;
   // chunk-size [ chunk-ext ], chunk-ext = *( BWS ";" BWS ext-name [ BWS "=" BWS ext-val ] )
   std::size_t i = 0;
   auto bws = [&] {

@@ -155,6 +155,11 @@ daemon::daemon(std::shared_ptr<const config::config> cfg) : impl_(std::make_uniq
     spdlog::warn("health: replica {} is DOWN: {}", key, why);
     if (impl_->on_passive_down) impl_->on_passive_down(key);
   };
+  impl_->shared.down_cause = [this](const std::string& key) {
+    std::lock_guard lk(impl_->snap_mu);
+    const auto it = impl_->down.find(key);
+    return it == impl_->down.end() ? std::string() : it->second;
+  };
 }
 
 daemon::~daemon() {
@@ -363,14 +368,27 @@ void daemon::begin_drain() {
   if (d.shared.draining.exchange(true)) return;
   asio::post(d.control, [&d] {
     const auto cfg = d.current_config();
-    spdlog::info("drain: /-/healthz now fails; accepting for {}ms more", cfg->drain.min_period.count());
-    auto hard_deadline = std::chrono::steady_clock::now() + cfg->drain.min_period + cfg->drain.timeout;
-    d.drain_timer->expires_after(cfg->drain.min_period);
+    // drain.min_period is for health checkers: it gives them time to see the 503 before the
+    // listener stops accepting. With none (nothing ever asked /-/healthz: a Ctrl-C at a
+    // terminal, a node without a load balancer) there is no one to wait for.
+    auto accept_for = cfg->drain.min_period;
+    if (d.shared.health_polled.load(std::memory_order_relaxed)) {
+      spdlog::info("drain: /-/healthz now fails; accepting for {}ms more so that health checkers notice",
+                   accept_for.count());
+    } else {
+      if (accept_for.count() > 0)
+        spdlog::info("drain: nothing has polled /-/healthz since start: not waiting drain.min_period");
+      accept_for = ingressd::duration{0};
+    }
+    auto hard_deadline = std::chrono::steady_clock::now() + accept_for + cfg->drain.timeout;
+    d.drain_timer->expires_after(accept_for);
     d.drain_timer->async_wait([&d, hard_deadline](error_code ec) {
       if (!ec) d.drain_phase_accepting(hard_deadline);
     });
   });
 }
+
+bool daemon::draining() const { return impl_->shared.draining.load(std::memory_order_relaxed); }
 
 void daemon::stop() {
   if (impl_->workers.empty() && !impl_->control_thread.joinable()) return;

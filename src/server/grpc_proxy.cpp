@@ -82,6 +82,7 @@ struct call {
   std::vector<header> headers;  // the request's regular headers (metadata), in order
   std::size_t header_bytes = 0;
   std::optional<std::string> application;
+  bool grpc_content = false;  // content-type application/grpc[+...]: a gRPC call, not an HTTP request
   bool started = false;  // the request head is complete (the call was dispatched)
   std::string request_id;
   std::optional<std::chrono::nanoseconds> timeout;
@@ -502,6 +503,7 @@ class client_link final : public link {
       return 0;
     }
     if (n == "application") c->application = std::string(v);
+    else if (n == "content-type") c->grpc_content = v.starts_with("application/grpc");
     else if (n == "x-request-id") c->request_id = v;
     else if (n == "grpc-timeout") c->timeout = grpc::parse_timeout(v);
     c->headers.push_back({std::string(n), std::string(v)});
@@ -923,6 +925,16 @@ void grpc_hub::impl::start(const call_ptr& c) {
       flush_dirty();
     });
   }
+  if (!c->grpc_content) {
+    // Not a gRPC call: an HTTP client that offered only h2 over TLS (ALPN), or spoke HTTP/2 by
+    // prior knowledge. HTTP apps are served over HTTP/1.1 (docs/grpc.md): HTTP_1_1_REQUIRED
+    // (RFC 9113 §7) says so in the protocol, and clients such as curl then retry over HTTP/1.1.
+    c->status = static_cast<unsigned>(grpc::status::unimplemented);
+    c->term = metrics::termination::error;
+    nghttp2_submit_rst_stream(c->client->s(), NGHTTP2_FLAG_NONE, c->csid, NGHTTP2_HTTP_1_1_REQUIRED);
+    c->client->want_flush();
+    return;
+  }
   if (!c->snap) {
     fail(c, grpc::status::unavailable, reason::no_healthy_replica, "no topology yet");
     return;
@@ -1110,7 +1122,7 @@ void grpc_hub::impl::finish(const call_ptr& c, std::uint32_t error_code) {
   if (c->deadline) c->deadline->cancel();
   const bool complete = error_code == NGHTTP2_NO_ERROR && c->resp_end;
   metrics::termination term = metrics::termination::ok;
-  if (!complete) term = w.stopping() ? metrics::termination::shutdown : metrics::termination::client_abort;
+  if (!complete) term = w.stopping() ? metrics::termination::shutdown : c->term.value_or(metrics::termination::client_abort);
   else if (c->why == reason::upstream_timeout) term = metrics::termination::timeout;
   else if (c->why) term = metrics::termination::error;
   unsigned status = c->status.value_or(complete ? static_cast<unsigned>(grpc::status::unknown)
@@ -1135,7 +1147,10 @@ void grpc_hub::impl::finish(const call_ptr& c, std::uint32_t error_code) {
     e.method = c->method;
     e.path = c->path;
     if (c->app && c->snap) e.app = c->snap->grpc_apps[*c->app].name;
-    e.status = c->resp_started ? 200 : 0;
+    // HTTP status: 200 once the response began; else 505 for an HTTP request refused above, and
+    // 499 (nginx's and Ray's code for a client that went away) for a call cancelled before any
+    // response: there was no HTTP status to log, and 0 read as a success to log filters.
+    e.status = c->resp_started ? 200 : (c->started && !c->grpc_content) ? 505 : 499;
     e.grpc_status = static_cast<int>(status);
     e.bytes = c->bytes_out;
     e.duration = took;

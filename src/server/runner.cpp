@@ -269,8 +269,12 @@ int run(int argc, const char* const* argv) {
         reload();
       } else if (sig == SIGUSR1) {
         if (d.reopen_access_log()) spdlog::info("SIGUSR1: access log reopened");
+      } else if (sig == SIGINT && d.draining()) {
+        // A second Ctrl-C: the operator does not want to wait for the drain.
+        spdlog::warn("SIGINT during the drain: exiting now, cutting what is still open");
+        d.stop();
       } else {
-        spdlog::info("{}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        spdlog::info("{}: draining (SIGINT again exits at once)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
         d.begin_drain();
       }
       wait_signal();

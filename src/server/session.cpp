@@ -389,10 +389,11 @@ awaitable<session::outcome> session::respond(std::string response, bool close) {
   co_return (ok && !close) ? outcome::keep_alive : outcome::close;
 }
 
-awaitable<session::outcome> session::respond_reason(reason r, bool close, std::string_view path) {
+awaitable<session::outcome> session::respond_reason(reason r, bool close, std::string_view path,
+                                                     std::string_view detail) {
   bool head_only = parser_ && parser_->get().method() == bhttp::verb::head;
   rq_->rec.why = r;
-  co_return co_await respond(http::make_reason_response(r, close, 11, head_only, path), close);
+  co_return co_await respond(http::make_reason_response(r, close, 11, head_only, path, detail), close);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -552,6 +553,8 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
   const bool close = !parser_->keep_alive() || !parser_->is_done();
   const bool draining = w_.shared().draining.load(std::memory_order_relaxed);
   rq_->rec.probe = true;
+  if (path == "/-/healthz" && !w_.shared().health_polled.load(std::memory_order_relaxed))
+    w_.shared().health_polled.store(true, std::memory_order_relaxed);
   const auto* snap = w_.snap();
   if (draining) {
     response = http::make_response(503, "text/plain", "This node is being drained.", close, 11, head_only);
@@ -591,6 +594,19 @@ std::string session::head_error_response(error_code ec) {
   const std::string body = status == 413 ? too_large_body(cfg.client.max_body_bytes)
                                          : std::string(bhttp::obsolete_reason(static_cast<bhttp::status>(status)));
   return http::make_response(status, "text/plain", body, true);
+}
+
+awaitable<session::outcome> session::refuse_http2() {
+  // An h2-only client: by prior knowledge, or over TLS after ALPN found no common protocol (h2
+  // is chosen only with a gRPC listener, for gRPC clients: tls/context.cpp). An HTTP/1.1 505
+  // would reach it as a protocol error with no words; this says what to do instead.
+  const std::string frames = http::http2_refusal(
+      cfg().grpc.enabled() ? "ingressd serves HTTP applications over HTTP/1.1; HTTP/2 is for gRPC calls on its gRPC listener"
+                     : "ingressd serves HTTP applications over HTTP/1.1; use HTTP/1.1 (ALPN http/1.1)");
+  const bool ok = co_await write_all(frames);
+  rq_->rec.status = 505;
+  if (!ok) rq_->rec.term = client_side_end();
+  co_return outcome::close;
 }
 
 std::optional<std::string> session::refuse_head() {
@@ -635,6 +651,7 @@ awaitable<session::outcome> session::serve_one() {
       if (aborted_ || ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
           ec == asio::error::connection_reset || (ec == asio::error::operation_aborted && !timed_out(phase::head)))
         co_return outcome::close;  // the client went away (or a drain cancelled the wait)
+      if (http::http2_preface(http::pending(buf_))) co_return co_await refuse_http2();
       co_return co_await respond(head_error_response(ec), true);
     }
     break;

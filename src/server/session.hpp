@@ -105,6 +105,9 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// The response to a request head that could not be read: 408 after header_timeout, else the
   /// status for Beast's error (400, 413, 414, 431, 505).
   std::string head_error_response(error_code ec);
+  /// An HTTP/2 connection preface where a request line should be: answered in HTTP/2 (a GOAWAY
+  /// with HTTP_1_1_REQUIRED that says why), counted as a 505, and the connection closes.
+  awaitable<outcome> refuse_http2();
   /// The response refusing a head Beast read but ingressd does not forward (smuggling shapes,
   /// versions, targets), or nullopt.
   std::optional<std::string> refuse_head();
@@ -141,6 +144,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   piece_read body_now(request_state& rs, error_code& ec);
   /// Ends the request with the response ingressd generates for `r`.
   awaitable<step> answer(request_state& rs, reason r);
+  /// Why an app has no healthy replica, for the 503's body: the first replica down and its cause.
+  std::string down_replicas_text(const topology::app_view& v) const;
   /// Ends the request after an upstream failure: the upstream connection is reset, the client
   /// gets the response for `r`.
   awaitable<step> upstream_failed(request_state& rs, reason r);
@@ -151,7 +156,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   /// The request's id; one is generated for a response sent before a usable head was read.
   std::string_view request_id();
   awaitable<outcome> respond(std::string response, bool close);
-  awaitable<outcome> respond_reason(reason r, bool close, std::string_view path = {});
+  awaitable<outcome> respond_reason(reason r, bool close, std::string_view path = {}, std::string_view detail = {});
   outcome builtin(std::string_view path, std::string& response);
   awaitable<outcome> body_error(error_code ec);
   bool method_routed(std::string_view method) const;

@@ -56,6 +56,13 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
       case pick::pooled:
         break;
       case pick::none:
+        if (rs.no_upstream == reason::no_healthy_replica) {
+          // Say why, so that a user of a hand-written topology sees "health check: HTTP 404 on
+          // /-/healthz" instead of guessing (an error path: the daemon's lock is fine here).
+          const std::string why = down_replicas_text(rs.snap->apps[rs.where.app]);
+          rs.result = co_await respond_reason(rs.no_upstream, rs.close || !parser_->is_done(), {}, why);
+          co_return rs.result;
+        }
         co_await answer(rs, rs.no_upstream);
         co_return rs.result;
       case pick::connect:
@@ -92,6 +99,25 @@ awaitable<session::step> session::answer(request_state& rs, reason r) {
 awaitable<session::step> session::upstream_failed(request_state& rs, reason r) {
   rs.lease.reset();
   co_return co_await answer(rs, r);
+}
+
+std::string session::down_replicas_text(const topology::app_view& v) const {
+  const auto& cause_of = w_.shared().down_cause;
+  auto describe = [&](std::string& out, std::string_view what, const topology::endpoint& ep) {
+    out.append(what).append(" ").append(ep.name.empty() ? ep.key : ep.name).append(" is down");
+    if (const auto cause = cause_of ? cause_of(ep.key) : std::string(); !cause.empty()) out.append(": ").append(cause);
+  };
+  std::string out;
+  std::size_t down = 0;
+  if (v.replicas.empty()) out = "the app has no running replica";
+  for (const auto& r : v.replicas)
+    if (!r.state->up.load(std::memory_order_relaxed) && ++down == 1) describe(out, "replica", r);
+  if (down > 1) out.append(" (and ").append(std::to_string(down - 1)).append(" more)");
+  if (v.fallback && v.fallback->state && !v.fallback->state->up.load(std::memory_order_relaxed)) {
+    if (!out.empty()) out.append("; ");
+    describe(out, "fallback", *v.fallback);
+  }
+  return out;
 }
 
 session::pick session::pick_upstream(request_state& rs) {

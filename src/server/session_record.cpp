@@ -114,7 +114,11 @@ void session::finish_request() {
 
   const auto elapsed = clock::now() - r.start;
   auto& block = r.block ? *r.block : w_.metrics().no_app();
-  block.codes.add(r.status);
+  // A client that left mid-response is counted as 499 (nginx's "client closed request", Ray's
+  // code for a disconnect), not as the status its response began with: a dashboard of 200s
+  // would hide every abandoned stream. The access log keeps the status sent, beside
+  // termination client_abort.
+  block.codes.add(term == termination::client_abort ? 499 : r.status);
   block.duration.observe(elapsed);
   if (r.why) block.generated[static_cast<std::size_t>(*r.why)].add();
 

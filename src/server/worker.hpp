@@ -37,6 +37,10 @@ namespace ingressd::server {
 /// State shared by all workers and the control thread. Only atomics and immutable values.
 struct shared_state {
   std::atomic<bool> draining{false};
+  /// Something (a load balancer, a Kubernetes probe) has asked /-/healthz since start: a drain
+  /// then keeps accepting for drain.min_period so that it notices; with no one asking there is
+  /// no one to tell, and the drain stops accepting at once.
+  std::atomic<bool> health_polled{false};
   std::atomic<std::uint64_t> connections{0};  ///< open client connections, all workers
   std::atomic<std::uint64_t> topology_updates{0};  ///< ingressd_topology_updates_total
   std::atomic<std::uint64_t> topology_errors{0};   ///< ingressd_topology_errors_total
@@ -56,6 +60,9 @@ struct shared_state {
   /// Passive health: marks an upstream down (key, why) on behalf of a worker. Set before the
   /// workers start; thread-safe.
   std::function<void(const std::string& key, std::string cause)> passive_down;
+  /// Why an upstream is down ("" when up or unknown): for the body of a no_healthy_replica 503.
+  /// Takes the daemon's lock: error paths only.
+  std::function<std::string(const std::string& key)> down_cause;
 };
 
 /// accept() failed for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM). The

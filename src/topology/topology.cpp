@@ -261,7 +261,10 @@ std::uint16_t as_port(const json& v, const std::string& where) {
   fail(where, "expected an integer 1-65535, got " + (v.is_number() ? v.dump() : type_name(v)));
 }
 
-enum class target_kind { replica, router, fallback };
+// A target's `name` is needed only where a router answers with it (the replicas of an app with
+// routers); a hand-written topology may leave it out elsewhere, and the target is then named
+// "ip:port".
+enum class target_kind { replica, routed_replica, router, fallback };
 
 target parse_target(const json& v, const std::string& where, target_kind kind) {
   as_object(v, where);
@@ -272,9 +275,16 @@ target parse_target(const json& v, const std::string& where, target_kind kind) {
   if (ec) fail(where + ".ip", "expected an IPv4 or IPv6 address literal, got '" + t.ip + "'");
   t.port = as_port(required(v, "port", where + ".port"), where + ".port");
   t.instance_id = optional_string(v, "instance_id", where);
-  t.name = as_string(required(v, "name", where + ".name"), where + ".name");
-  // A replica's name is the replica_id a router answers with, so it must be usable as a key.
-  if (kind == target_kind::replica && t.name.empty()) fail(where + ".name", "must not be empty");
+  if (kind == target_kind::routed_replica) {
+    // The replica_id a router answers with: it must be there, and usable as a key.
+    t.name = as_string(required(v, "name", where + ".name"), where + ".name");
+    if (t.name.empty()) fail(where + ".name", "must not be empty");
+  } else {
+    t.name = optional_string(v, "name", where);
+    if (t.name.empty() && kind == target_kind::replica)
+      t.name = t.ip.find(':') != std::string::npos ? "[" + t.ip + "]:" + std::to_string(t.port)
+                                                   : t.ip + ":" + std::to_string(t.port);
+  }
   return t;
 }
 
@@ -287,13 +297,58 @@ std::vector<target> parse_targets(const json& v, const std::string& where, targe
   return out;
 }
 
+// ---- every missing field at once --------------------------------------------------------------
+// A hand-written document with several gaps names them all in one error, instead of one per run.
+// Only presence is checked here; types and values are checked as the document is parsed.
+
+void missing_in_target(const json& v, const std::string& where, bool name_needed, std::vector<std::string>& out) {
+  if (!v.is_object()) return;
+  for (const char* key : {"ip", "port"})
+    if (field(v, key) == nullptr) out.push_back(where + "." + key);
+  if (name_needed && field(v, "name") == nullptr) out.push_back(where + ".name");
+}
+
+void missing_in_targets(const json* v, const std::string& where, bool names_needed, std::vector<std::string>& out) {
+  if (v == nullptr || !v->is_array()) return;
+  for (std::size_t i = 0; i < v->size(); ++i)
+    missing_in_target((*v)[i], where + "[" + std::to_string(i) + "]", names_needed, out);
+}
+
+bool has_routers(const json& group) {
+  const json* routers = field(group, "ingress_request_router_targets");
+  return routers != nullptr && routers->is_array() && !routers->empty();
+}
+
+std::vector<std::string> missing_fields(const json& root) {
+  std::vector<std::string> out;
+  const json* groups = field(root, "target_groups");
+  if (groups == nullptr || !groups->is_array()) return out;
+  for (std::size_t i = 0; i < groups->size(); ++i) {
+    const json& g = (*groups)[i];
+    const std::string where = "target_groups[" + std::to_string(i) + "]";
+    if (!g.is_object()) continue;
+    const json* protocol = field(g, "protocol");
+    const bool grpc = protocol != nullptr && protocol->is_string() && protocol->get_ref<const std::string&>() == "gRPC";
+    if (!grpc && field(g, "route_prefix") == nullptr) out.push_back(where + ".route_prefix");
+    if (field(g, "targets") == nullptr) out.push_back(where + ".targets");
+    missing_in_targets(field(g, "targets"), where + ".targets", !grpc && has_routers(g), out);
+    missing_in_targets(field(g, "ingress_request_router_targets"), where + ".ingress_request_router_targets", false, out);
+    if (const json* f = field(g, "fallback_target")) missing_in_target(*f, where + ".fallback_target", false, out);
+  }
+  if (const json* fallbacks = field(root, "fallback_targets"); fallbacks && fallbacks->is_object())
+    for (const char* key : {"HTTP", "gRPC"})
+      if (const json* f = field(*fallbacks, key)) missing_in_target(*f, std::string("fallback_targets.") + key, false, out);
+  return out;
+}
+
 // `grpc` is set when the group is a gRPC one.
 app parse_group(const json& v, const std::string& where, document& doc, bool& grpc) {
   as_object(v, where);
   app a;
   a.name = optional_string(v, "app_name", where);
 
-  const std::string& protocol = as_string(required(v, "protocol", where + ".protocol"), where + ".protocol");
+  // Ray always writes it; a hand-written group without it is an HTTP one.
+  const std::string protocol = field(v, "protocol") ? as_string(*field(v, "protocol"), where + ".protocol") : "HTTP";
   grpc = protocol == "gRPC";
   if (!grpc && protocol != "HTTP") fail(where + ".protocol", "expected \"HTTP\" or \"gRPC\", got \"" + protocol + "\"");
   if (grpc) {
@@ -315,7 +370,7 @@ app parse_group(const json& v, const std::string& where, document& doc, bool& gr
   a.route_prefix = normalise_prefix(prefix);
 
   a.replicas = parse_targets(required(v, "targets", where + ".targets"), where + ".targets",
-                             target_kind::replica);
+                             has_routers(v) ? target_kind::routed_replica : target_kind::replica);
   if (const json* routers = field(v, "ingress_request_router_targets"))
     a.routers = parse_targets(*routers, where + ".ingress_request_router_targets", target_kind::router);
   if (const json* fallback = field(v, "ingress_router_fallback")) {
@@ -367,6 +422,11 @@ document parse_tree(const json& root) {
     fail("target_groups", "missing required field");
   }
   as_list(*groups, "target_groups");
+  if (const auto missing = missing_fields(root); !missing.empty()) {
+    std::string list;
+    for (const auto& m : missing) list.append(list.empty() ? "" : ", ").append(m);
+    throw invalid{"missing required field" + std::string(missing.size() > 1 ? "s: " : ": ") + list};
+  }
 
   // prefix -> (group index, app name) of the HTTP group that claimed it first
   std::map<std::string, std::pair<std::size_t, std::string>> prefixes;

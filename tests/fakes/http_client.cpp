@@ -499,4 +499,36 @@ http_response http_post(const std::string& host, std::uint16_t port, std::string
   return http_request(host, port, "POST", target, headers, body, timeout);
 }
 
+namespace {
+std::uint32_t be32(std::string_view b) {
+  return static_cast<std::uint32_t>(static_cast<unsigned char>(b[0])) << 24 |
+         static_cast<std::uint32_t>(static_cast<unsigned char>(b[1])) << 16 |
+         static_cast<std::uint32_t>(static_cast<unsigned char>(b[2])) << 8 | static_cast<unsigned char>(b[3]);
+}
+}  // namespace
+
+std::uint32_t h2_frame::error_code() const {
+  if (type == 0x3 && payload.size() >= 4) return be32(payload);
+  if (type == 0x7 && payload.size() >= 8) return be32(std::string_view(payload).substr(4));
+  return ~0u;
+}
+
+std::string h2_frame::debug_data() const { return type == 0x7 && payload.size() > 8 ? payload.substr(8) : std::string(); }
+
+std::vector<h2_frame> h2_frames(std::string_view bytes) {
+  std::vector<h2_frame> out;
+  while (bytes.size() >= 9) {
+    const std::size_t n = be32(std::string("\0", 1) + std::string(bytes.substr(0, 3)));
+    if (bytes.size() < 9 + n) break;
+    h2_frame f;
+    f.type = static_cast<unsigned char>(bytes[3]);
+    f.flags = static_cast<unsigned char>(bytes[4]);
+    f.stream = be32(bytes.substr(5, 4)) & 0x7fffffffu;
+    f.payload = std::string(bytes.substr(9, n));
+    out.push_back(std::move(f));
+    bytes.remove_prefix(9 + n);
+  }
+  return out;
+}
+
 }  // namespace ingressd::testing

@@ -140,4 +140,19 @@ http_response http_post(const std::string& host, std::uint16_t port, std::string
                         const header_list& headers = {}, std::string_view body = {},
                         clock::duration timeout = std::chrono::seconds(10));
 
+/// One HTTP/2 frame as read off the wire (RFC 9113 §4.1), for tests of what an HTTP/1.1-only
+/// listener answers an HTTP/2 client.
+struct h2_frame {
+  unsigned type = 0;
+  unsigned flags = 0;
+  std::uint32_t stream = 0;
+  std::string payload;
+  /// GOAWAY's or RST_STREAM's error code.
+  std::uint32_t error_code() const;
+  /// GOAWAY's debug data.
+  std::string debug_data() const;
+};
+/// The whole frames at the start of `bytes` (a partial frame at the end is left out).
+std::vector<h2_frame> h2_frames(std::string_view bytes);
+
 }  // namespace ingressd::testing

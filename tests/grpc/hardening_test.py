@@ -67,7 +67,7 @@ class HardeningTest(unittest.TestCase):
     maxDiff = 4000
 
     # --- fixtures ------------------------------------------------------------------------------
-    def start(self, cfg=BASE_CONFIG, stall=False):
+    def start(self, cfg=BASE_CONFIG, stall=False, access_log=False):
         """A fake replica (app "echo") and ingressd; with stall, also a StallServer as app
         "stall". Sets self.d, self.r, self.stall, self.app (metadata of normal calls)."""
         self.r = support.FakeReplica("r1")
@@ -80,7 +80,7 @@ class HardeningTest(unittest.TestCase):
             groups.append(group("stall", [{"ip": HOST, "port": self.stall.port,
                                            "instance_id": "n1",
                                            "name": "SERVE_REPLICA::stall"}]))
-        self.d = support.Ingressd(topology(*groups), config=cfg)
+        self.d = support.Ingressd(topology(*groups), config=cfg, access_log=access_log)
         self.addCleanup(self.d.stop)
         expected = {"echo": [self.r.key]}
         if stall:
@@ -177,6 +177,53 @@ class HardeningTest(unittest.TestCase):
         self.assertEqual(json.loads(body[5:])["echo"], "raw hello", c.describe())
         self.assertFalse(c.goaways(), c.describe())
         self.assertFalse(c.rsts(), c.describe())
+
+    def test_plain_http_request_over_h2_is_told_http11_is_required(self):
+        """Issue #29 item 3: an HTTP request (no application/grpc content type) reaches the gRPC
+        code when a client speaks only h2 (TLS ALPN h2, or prior knowledge). It is refused on its
+        stream with HTTP_1_1_REQUIRED (curl then retries over HTTP/1.1), never answered as a gRPC
+        no_route, and the connection goes on serving gRPC calls."""
+        self.start()
+        c, _ = self.opened()
+        block = b"".join([h.indexed(2),  # :method GET
+                          h.indexed(h.STATIC_SCHEME_HTTP),
+                          h.literal(":path", "/v1/models", index_name=h.STATIC_PATH),
+                          h.literal(":authority", "ingressd.test", index_name=h.STATIC_AUTHORITY),
+                          h.literal("accept", "application/json")])
+        c.send(h.headers(1, block, end_stream=True))
+        rst = c.read_until(lambda f: f.sid == 1 and f.type == h.RST_STREAM, h.auto_ack(c))
+        self.assertIsNotNone(rst, c.describe())
+        self.assertEqual(h.error_name(rst.error_code), h.error_name(h.HTTP_1_1_REQUIRED), c.describe())
+        self.assertFalse([f for f in c.frames if f.sid == 1 and f.type == h.HEADERS],
+                         "no response headers (no gRPC trailers-only no_route): %s" % c.describe())
+        # The same connection still serves a gRPC call.
+        c.send(h.headers(3, self.request_block(UNARY)) + h.data(3, h.grpc_message(b"after"), True))
+        end = c.read_until(lambda f: f.sid == 3 and f.flags & h.END_STREAM, h.auto_ack(c))
+        self.assertIsNotNone(end, c.describe())
+        self.assertFalse(c.goaways(), c.describe())
+
+    def test_call_cancelled_before_any_response_is_logged_499_cancelled(self):
+        """Issue #29 item 6: a call whose client cancels before the replica answered anything was
+        logged with status 0. Now 499 (the client went away), grpc_status CANCELLED."""
+        self.start(stall=True, access_log=True)
+        ch = self.d.channel()
+        fut = ch.unary_unary("/test.Echo/Unary").future(b"{}", timeout=60, metadata=(("application", "stall"),))
+        self.d.wait_until("the call reached ingressd",
+                          lambda: metric_value(self.d.metrics(), "ingressd_grpc_active_streams") == 1)
+        fut.cancel()
+
+        def line():
+            try:
+                with open(self.d.access_log_path) as f:
+                    lines = [json.loads(x) for x in f if x.strip()]
+            except FileNotFoundError:
+                return None
+            lines = [x for x in lines if x.get("app") == "stall"]
+            return lines[0] if lines else None
+        got = self.d.wait_until("the cancelled call's access log line", line)
+        self.assertEqual(got.get("status"), 499, got)
+        self.assertEqual(got.get("grpc_status"), 1, got)
+        self.assertEqual(got.get("termination"), "client_abort", got)
 
     # --- 1. invalid preface --------------------------------------------------------------------
     def check_bad_preface(self, payload, what):

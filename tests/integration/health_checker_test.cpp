@@ -118,7 +118,7 @@ TEST(HealthChecker, UnhealthyReplicaGoesDownAfterFallThenUpAfterRise) {
   EXPECT_EQ(tr.events()[0], std::make_pair(key_of(replica), false));
   EXPECT_FALSE(hc.is_up(key_of(replica)));
   // Why, for /topology: the failing check and the count.
-  EXPECT_EQ(tr.causes()[0], "health check: HTTP 503 (3 consecutive checks failed)");
+  EXPECT_EQ(tr.causes()[0], "health check: HTTP 503 on /-/healthz (3 consecutive checks failed)");
 
   // Still down while failing: no more transitions.
   const auto down_probes = replica.probe_count();

@@ -216,6 +216,29 @@ TEST(Metrics, CountsKnownTrafficExactly) {
   }
 }
 
+TEST(Metrics, ClientAbortMidStreamIsCounted499NotAsItsStatus) {
+  // Issue #29 item 6: the response began with 200, then the client left. Counting it as a 200
+  // hid every abandoned stream from the dashboards (only the access log said client_abort).
+  cluster cl;
+  testing::proxy p(metrics_config(1), node_ip);
+  p.set_topology(cl.doc());
+  cl.rep_b->queue_behaviour(replica_behaviour::stream_events(1000, 20ms));
+  const auto aborted = cl.rep_b->aborted_responses();
+  auto c = connection::open(loopback, p.port());
+  ASSERT_TRUE(c.connected()) << c.error();
+  ASSERT_TRUE(c.write(format_request("GET", "/plain/stream", loopback, p.port(), {}, {})));
+  std::string got;
+  for (int i = 0; i < 100 && got.find("data:") == std::string::npos; ++i) got = c.read_until_close(100ms).bytes;
+  ASSERT_NE(got.find("HTTP/1.1 200"), std::string::npos) << got;
+  ASSERT_NE(got.find("data:"), std::string::npos) << "the stream had begun";
+  c.reset();
+  ASSERT_TRUE(cl.rep_b->wait_for_aborted_responses(aborted + 1, 5s));
+  auto m = metrics_when(p, [](const scrape& s) { return s.sum("ingressd_requests_total{") == 1; });
+  SCOPED_TRACE(m.text);
+  EXPECT_EQ(m.at(R"(ingressd_requests_total{app="plain",code="499"})"), 1);
+  EXPECT_FALSE(m.has(R"(ingressd_requests_total{app="plain",code="200"})"));
+}
+
 TEST(Metrics, CountsSurviveTopologyChangesAndFollowHealth) {
   cluster cl;
   testing::proxy p(metrics_config(1), node_ip);

@@ -2,7 +2,13 @@
 // (§3.2), active health checks (§4.3), SIGTERM drain (§7), SIGHUP reloads (§2, hardening I2,
 // I3) and descriptor exhaustion (hardening H1).
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <cstdlib>
@@ -71,13 +77,14 @@ class Process : public ::testing::Test {
   /// 0), read back from its startup line: ports chosen in advance could be taken by another test
   /// running beside this one before ingressd binds them.
   std::unique_ptr<child_process> start(const std::string& extra_yaml = "", spawn_options opts = {},
-                                       unsigned threads = 2) {
+                                       unsigned threads = 2, const std::vector<std::string>& extra_args = {}) {
     const bool own_drain = extra_yaml.find("drain:") == std::string::npos;
     write("ingressd.yaml", (own_drain ? "drain:\n  min_period: 0s\n  timeout: 2s\n" : "") + extra_yaml);
-    auto p = run({"--config", path("ingressd.yaml"), "--topology-file", path("topology.json"), "--listen",
-                  "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--threads", std::to_string(threads), "--node-ip",
-                  "127.0.0.2"},
-                 opts);
+    std::vector<std::string> args{"--config", path("ingressd.yaml"), "--topology-file", path("topology.json"),
+                                  "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--threads",
+                                  std::to_string(threads), "--node-ip", "127.0.0.2"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    auto p = run(args, opts);
     std::smatch m;
     const std::regex line(R"(listening on 127\.0\.0\.1:(\d+) \(admin 127\.0\.0\.1:(\d+)\))");
     std::string out;
@@ -243,6 +250,37 @@ TEST_F(Process, ThreadsAreNamedByRole) {
   EXPECT_EQ(p->wait(5s), 0);
 }
 
+TEST_F(Process, NoHealthyReplicaSaysWhyAndHealthPathIsAFlag) {
+  // Issue #29 item 5: a backend that fails the default health path gets every request a 503;
+  // the body says which check failed, and --health-path points the checks elsewhere.
+  demo::replica_server a({.name = "replica-a"});
+  a.set_healthy(false);  // /-/healthz answers 503; every other path 200
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a)}).build()));
+  const std::string checks = "health:\n  interval: 50ms\n  fast_interval: 50ms\n  fall: 1\n  rise: 1\n";
+  {
+    auto p = start(checks);
+    testing::http_response r;
+    ASSERT_TRUE(eventually([&] { return (r = http_get("127.0.0.1", port_, "/v1/x", {}, 2s)).status == 503; }, 5s))
+        << p->output();
+    EXPECT_EQ(r.header("x-serve-reason").value_or(""), "no_healthy_replica");
+    EXPECT_NE(r.body.find("replica replica-a is down: health check: HTTP 503 on /-/healthz"), std::string::npos)
+        << r.body;
+    p->signal(SIGTERM);
+    EXPECT_EQ(p->wait(10s), 0) << p->output();
+  }
+  auto p = start(checks, {}, 2, {"--health-path", "/ready"});
+  // The checks go to /ready (which this backend answers 200) and pass: requests are served.
+  const auto checks_of_ready = [&] {
+    std::size_t n = 0;
+    for (const auto& rq : a.requests()) n += rq.target == "/ready" ? 1 : 0;
+    return n;
+  };
+  ASSERT_TRUE(eventually([&] { return checks_of_ready() >= 2; }, 5s)) << p->output();
+  EXPECT_EQ(http_get("127.0.0.1", port_, "/v1/x", {}, 2s).status, 200u);
+  p->signal(SIGTERM);
+  EXPECT_EQ(p->wait(10s), 0) << p->output();
+}
+
 TEST_F(Process, UnhealthyReplicaStopsGettingTrafficAndComesBack) {
   demo::replica_server a({.name = "replica-a"}), b({.name = "replica-b"});
   write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a), target_of(b)}).build()));
@@ -277,6 +315,8 @@ TEST_F(Process, SigtermFailsHealthzAtOnceLetsStreamsFinishAndExitsZero) {
   ASSERT_TRUE(stream.write(format_request("POST", "/v1/chat/completions", "127.0.0.1", port_,
                                           {{"content-type", "application/json"}}, R"({"stream":true})")));
   ASSERT_TRUE(a.wait_for_requests(1, 5s)) << p->output();
+  // A load balancer's health check: from here on a drain keeps accepting for drain.min_period.
+  ASSERT_EQ(http_get("127.0.0.1", port_, "/-/healthz", {}, 2s).status, 200u);
   p->signal(SIGTERM);
   // Healthz fails at once (poll: the signal is handled asynchronously by the daemon).
   auto deadline = clock_type::now() + 2s;
@@ -290,6 +330,44 @@ TEST_F(Process, SigtermFailsHealthzAtOnceLetsStreamsFinishAndExitsZero) {
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(r.events.size(), 11u);  // 10 tokens + [DONE]
   EXPECT_EQ(p->wait(5s), 0) << p->output();
+}
+
+TEST_F(Process, CtrlCWithNothingOpenAndNoHealthCheckerExitsAtOnce) {
+  // Issue #29 item 4: drain.min_period is for health checkers; nothing has asked /-/healthz,
+  // so the drain does not wait its 60 s (nor drain.timeout: nothing is open).
+  demo::replica_server a({.name = "replica-a"});
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a)}).build()));
+  auto p = start("drain:\n  min_period: 60s\n  timeout: 60s\n");
+  ASSERT_EQ(http_get("127.0.0.1", port_, "/x", {}, 5s).status, 200u);  // a request, then nothing open
+  p->signal(SIGINT);
+  EXPECT_EQ(p->wait(20s), 0) << p->output();
+  EXPECT_NE(p->output().find("not waiting drain.min_period"), std::string::npos) << p->output();
+  // The port is free again at once: a restart binds it.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port_);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << std::strerror(errno);
+  ::close(fd);
+}
+
+TEST_F(Process, SecondCtrlCEndsADrainThatWaitsForHealthCheckers) {
+  demo::replica_server a({.name = "replica-a"});
+  write("topology.json", topology::to_json(topology_builder().app("llm", "/", {target_of(a)}).build()));
+  auto p = start("drain:\n  min_period: 60s\n  timeout: 60s\n");
+  ASSERT_EQ(http_get("127.0.0.1", port_, "/-/healthz", {}, 2s).status, 200u);  // a health checker
+  p->signal(SIGINT);
+  // The drain waits for the checker: /-/healthz fails while the listener still accepts.
+  ASSERT_TRUE(eventually([&] { return http_get("127.0.0.1", port_, "/-/healthz", {}, 2s).status == 503; }, 5s))
+      << p->output();
+  EXPECT_EQ(http_get("127.0.0.1", port_, "/x", {}, 5s).status, 200u);
+  p->signal(SIGINT);
+  EXPECT_EQ(p->wait(20s), 0) << p->output();
+  EXPECT_NE(p->output().find("SIGINT during the drain: exiting now"), std::string::npos) << p->output();
 }
 
 // The metrics the operator kit's alerts stand on (contrib/prometheus): staleness of the topology,

@@ -357,6 +357,17 @@ TEST(Tls, AlpnChoosesHttp11AndNoOverlapIsNoError) {
   auto h2_only = connection::open_tls(loopback, p.tls_port(), o);
   ASSERT_TRUE(h2_only.connected()) << h2_only.error();
   EXPECT_EQ(h2_only.tls_alpn(), "");
+  // Issue #29 item 3: such a client then speaks HTTP/2 anyway. It gets the server preface and a
+  // GOAWAY that says HTTP/1.1 is required, in frames it can read, not an HTTP/1.1 505.
+  ASSERT_TRUE(h2_only.write(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + std::string("\0\0\0\x04\0\0\0\0\0", 9)));
+  const auto got = h2_only.read_until_close(5s);
+  EXPECT_TRUE(got.closed || got.reset);
+  const auto frames = testing::h2_frames(got.bytes);
+  ASSERT_EQ(frames.size(), 2u) << got.bytes;
+  EXPECT_EQ(frames[0].type, 0x4) << "the server preface (SETTINGS) comes first";
+  EXPECT_EQ(frames[1].type, 0x7);
+  EXPECT_EQ(frames[1].error_code(), 0xdu) << "HTTP_1_1_REQUIRED";
+  EXPECT_NE(frames[1].debug_data().find("HTTP/1.1"), std::string::npos) << frames[1].debug_data();
 }
 
 TEST(Tls, ReloadSwapsTheCertificateForNewHandshakesOnlyAndRefusesABadPair) {

@@ -76,6 +76,12 @@ TEST(DemoServers, ReplicaCompletionsEndpointStreamsTextEvents) {
   auto ev = nlohmann::json::parse(r.events[1].data);
   EXPECT_EQ(ev["object"], "text_completion");
   EXPECT_EQ(ev["choices"][0]["text"], " from");
+  // Not streamed: one text_completion object with the whole text.
+  auto whole = nlohmann::json::parse(
+      http_post(loopback, replica.port(), "/v1/completions", {}, R"({"prompt":"x"})").body, nullptr, false);
+  EXPECT_EQ(whole["object"], "text_completion");
+  EXPECT_EQ(whole["choices"][0]["text"], "Hello from replica") << whole.dump();
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 3) << whole.dump();
 }
 
 TEST(DemoServers, ReplicaEchoesAndRecordsAndAnswersHealthChecks) {
@@ -99,6 +105,13 @@ TEST(DemoServers, ReplicaEchoesAndRecordsAndAnswersHealthChecks) {
   EXPECT_EQ(echo["method"], "POST");
   EXPECT_EQ(echo["target"], "/v1/chat/completions?x=1");
   EXPECT_EQ(echo["body_bytes"], 16);
+  // Issue #29 item 6: a non-streamed completion is an OpenAI object that SDKs can read.
+  EXPECT_EQ(echo["object"], "chat.completion");
+  ASSERT_TRUE(echo["choices"].is_array() && echo["choices"].size() == 1u) << r.body;
+  EXPECT_EQ(echo["choices"][0]["message"]["role"], "assistant");
+  EXPECT_TRUE(echo["choices"][0]["message"]["content"].get<std::string>().starts_with("Hello from replica")) << r.body;
+  EXPECT_EQ(echo["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(echo["id"].is_string() && echo["created"].is_number_integer() && echo["model"].is_string()) << r.body;
 
   // Health checks are counted apart so a proxy's probes do not disturb request assertions.
   EXPECT_EQ(replica.probe_count(), 2u);

@@ -148,8 +148,57 @@ TEST(HttpValidate, A8_BareLineFeed) {
       // Beast waits for a CRLF that never comes; a whole chunk line it cannot decide is refused
       // (http::malformed_chunk_line) instead of waiting for the session's body timer.
       {"last chunk", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\n\r\n"), 400},
-      // Never complete, so never forwarded whole (the session's body timer ends it).
-      {"final CRLF", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\n"), incomplete},
+      // Beast waits for a CRLF CRLF after the last chunk that such a client never sends: each of
+      // these got no answer until the body timer (60 s, then 408) while the replica held a
+      // half-received request (issue #29 item 2). Now refused at once.
+      {"last chunk and final line", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\n\n"), 400},
+      {"only a last chunk, LF LF", post("Transfer-Encoding: chunked\r\n", "0\n\n"), 400},
+      {"final CRLF", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\n"), 400},
+      {"after a trailer", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\nX-T: 1\n\r\n"), 400},
+      {"after the trailers", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\nX-T: 1\r\n\n"), 400},
+      {"LF only, everywhere", post("Transfer-Encoding: chunked\r\n", "5\nhello\n0\n\n"), 400},
+      {"bare CR after the last chunk", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\rX"), 400},
+      // Still waiting, not refused: a CRLF split across reads, a trailer section not ended yet.
+      {"CR of the last CRLF only", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r"), incomplete},
+      {"trailer not ended", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\nX-T: 1\r\n"), incomplete},
+      {"last chunk line not ended", post("Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0"), incomplete},
+  });
+}
+
+TEST(HttpValidate, A8_MalformedChunkLineDecidesEveryLineEnd) {
+  // http::malformed_chunk_line on its own: what follows a chunk's data, as the session holds it.
+  EXPECT_FALSE(http::malformed_chunk_line("\r\n0\r\n\r\n"));
+  EXPECT_FALSE(http::malformed_chunk_line("\r\n5\r\nhel"));
+  EXPECT_FALSE(http::malformed_chunk_line("\r\n0\r\nX: 1\r\n"));
+  EXPECT_FALSE(http::malformed_chunk_line("\r\n10"));
+  EXPECT_TRUE(http::malformed_chunk_line("\r\n5\nhello"));
+  EXPECT_TRUE(http::malformed_chunk_line("\r\n0\n\n"));
+  EXPECT_TRUE(http::malformed_chunk_line("\r\n0\r\n\n"));
+  EXPECT_TRUE(http::malformed_chunk_line("\r\n00;a=b\r\nX: 1\n\r\n"));
+  EXPECT_TRUE(http::malformed_chunk_line("\n0\r\n\r\n"));
+  // A non-last chunk's data may hold anything: only its size line is looked at.
+  EXPECT_FALSE(http::malformed_chunk_line("\r\n10\r\nline one\nline two"));
+}
+
+TEST(HttpValidate, A17_UnderscoreTwinsOfFramingHeadersAreRefused) {
+  // Backends that fold `_` into `-` (CGI/WSGI-style) read these as the real header and frame the
+  // body differently from ingressd (issue #29 item 1): refused, whatever their value.
+  run({
+      {"Transfer_Encoding beside Content-Length",
+       post("Content-Length: 51\r\nTransfer_Encoding: chunked\r\n",
+            "0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\nX: 123456789\r\n"), 400},
+      {"Transfer_Encoding alone", post("Transfer_Encoding: chunked\r\n", chunked_hello), 400},
+      {"Content_Length alone", post("Content_Length: 5\r\n", "hello"), 400},
+      {"lower case", post("content_length: 5\r\nContent-Length: 5\r\n", "hello"), 400},
+      {"Keep_Alive", post("Keep_Alive: 5\r\nContent-Length: 0\r\n"), 400},
+      {"Proxy_Connection", post("Proxy_Connection: close\r\nContent-Length: 0\r\n"), 400},
+      {"HTTP2_Settings", post("HTTP2_Settings: AAA\r\nContent-Length: 0\r\n"), 400},
+      {"X_Forwarded_For", post("X_Forwarded_For: 1.2.3.4\r\nContent-Length: 0\r\n"), 400},
+      {"X-Forwarded_Proto", post("X-Forwarded_Proto: https\r\nContent-Length: 0\r\n"), 400},
+      // Other names with `_` are fine: Ray's session header may be spelled x_session_id.
+      {"x_session_id", post("x_session_id: abc\r\nContent-Length: 0\r\n"), accept},
+      {"Content_Type", post("Content_Type: text/plain\r\nContent-Length: 0\r\n"), accept},
+      {"Content_Lengthy", post("Content_Lengthy: 5\r\nContent-Length: 0\r\n"), accept},
   });
 }
 

@@ -157,6 +157,49 @@ TEST(TopologyParse, EveryValidFixtureParses) {
   EXPECT_GE(n, 5u);
 }
 
+TEST(TopologyParse, HandWrittenAppsWithoutRoutersNeedNoProtocolOrNames) {
+  // Issue #29 item 5: `protocol` defaults to HTTP; a target name is needed only where a router
+  // answers with it, so other targets are named ip:port.
+  const document d = parse_ok(R"({"target_groups": [
+      {"route_prefix": "/", "targets": [{"ip": "127.0.0.1", "port": 8001}, {"ip": "::1", "port": 8002}],
+       "fallback_target": {"ip": "127.0.0.1", "port": 8500}}],
+      "fallback_targets": {"HTTP": {"ip": "127.0.0.1", "port": 8000}}})");
+  ASSERT_EQ(d.apps.size(), 1u);
+  EXPECT_TRUE(d.grpc_apps.empty());
+  ASSERT_EQ(d.apps[0].replicas.size(), 2u);
+  EXPECT_EQ(d.apps[0].replicas[0].name, "127.0.0.1:8001");
+  EXPECT_EQ(d.apps[0].replicas[1].name, "[::1]:8002");
+  ASSERT_TRUE(d.apps[0].fallback.has_value());
+  EXPECT_EQ(d.apps[0].fallback->name, "");
+  EXPECT_EQ(parse_ok(to_json(d)), d);
+  // The same address twice is still one replica named twice.
+  EXPECT_NE(parse_fail(R"({"target_groups": [{"route_prefix": "/", "targets": [
+      {"ip": "127.0.0.1", "port": 8001}, {"ip": "127.0.0.1", "port": 8001}]}]})")
+                .find("duplicate replica name '127.0.0.1:8001'"),
+            std::string::npos);
+  // With routers, the replicas' names are the replica_ids routers answer with: required.
+  EXPECT_NE(parse_fail(R"({"target_groups": [{"route_prefix": "/", "targets": [{"ip": "127.0.0.1", "port": 8001}],
+      "ingress_request_router_targets": [{"ip": "127.0.0.1", "port": 9001}]}]})")
+                .find("target_groups[0].targets[0].name"),
+            std::string::npos);
+}
+
+TEST(TopologyParse, EveryMissingFieldIsNamedInOneError) {
+  const std::string e = parse_fail(R"({"target_groups": [
+      {"targets": [{"port": 8001}, {"ip": "127.0.0.1"}]},
+      {"route_prefix": "/b", "protocol": "HTTP"},
+      {"route_prefix": "/c", "targets": [{"ip": "127.0.0.1", "port": 1}],
+       "ingress_request_router_targets": [{"ip": "127.0.0.1"}]}],
+      "fallback_targets": {"HTTP": {"port": 8000}}})");
+  for (const char* where : {"target_groups[0].route_prefix", "target_groups[0].targets[0].ip",
+                            "target_groups[0].targets[1].port", "target_groups[1].targets",
+                            "target_groups[2].targets[0].name", "target_groups[2].ingress_request_router_targets[0].port",
+                            "fallback_targets.HTTP.ip"})
+    EXPECT_NE(e.find(where), std::string::npos) << where << " not named in: " << e;
+  EXPECT_EQ(e.find("target_groups[0].targets[0].name"), std::string::npos) << "no routers: no name needed: " << e;
+  EXPECT_NE(e.find("missing required fields: "), std::string::npos) << e;
+}
+
 TEST(TopologyParse, Defaults) {
   const document d = parse_ok(R"({"target_groups": [
       {"route_prefix": "/x", "protocol": "HTTP",

@@ -49,14 +49,24 @@ std::string make_response(unsigned status, std::string_view content_type, std::s
                           std::string_view serve_reason = {});
 
 /// The error response for `r`: status_of(r), `X-Serve-Reason: <r>`, and a text body
-/// ("Ingress request router failed: <r>" for router failures).
+/// ("Ingress request router failed: <r>" for router failures). `detail`, when given, follows
+/// on the body's line after "; " (why no replica was healthy, for instance).
 std::string make_reason_response(reason r, bool close, unsigned version, bool head_only,
-                                 std::string_view path = {});
+                                 std::string_view path = {}, std::string_view detail = {});
 
 using ingressd::iequals;
 
 /// Chunk framing: "<hex>\r\n" for a chunk of `n` bytes, written into `out` (>= 18 bytes).
 std::size_t chunk_header(char* out, std::size_t n) noexcept;
+
+/// Whether `bytes` begin as the HTTP/2 client connection preface (RFC 9113 §3.4): an h2 client by
+/// prior knowledge, or one that offered only h2 over TLS and got no ALPN answer.
+bool http2_preface(std::string_view bytes) noexcept;
+
+/// What a listener that serves HTTP/1.1 only sends such a client instead of an HTTP/1.1 505 it
+/// cannot read: the server preface (an empty SETTINGS frame) and GOAWAY with HTTP_1_1_REQUIRED
+/// (RFC 9113 §7), `why` in its debug data, so h2 clients report the reason in their own terms.
+std::string http2_refusal(std::string_view why);
 
 /// One relayed piece in ingressd's own framing (contract §4.4), as the buffers of one send: a
 /// head, if it goes with this piece; the piece (chunked: its size line, the bytes, CRLF); the

@@ -77,6 +77,8 @@ class daemon {
 
   /// SIGTERM: starts the drain of contract §7 and returns at once. `wait()` returns when done.
   void begin_drain();
+  /// Whether a drain has begun (a second SIGINT then stops at once).
+  bool draining() const;
   /// Stops at once: closes listeners and connections, ends all threads.
   void stop();
   /// Blocks until all threads have ended (after stop() or a finished drain). Returns the exit code.
