@@ -340,11 +340,26 @@ setter host_port_setter(Get get) {
   };
 }
 
+/// For list keys: the whole list (a YAML sequence, or a repeated flag).
+using list_setter = std::function<problem(config&, const std::vector<std::string>&)>;
+
 struct key_spec {
   std::string_view key;  ///< dotted YAML key, e.g. "router.timeout"
   setter set;            ///< for scalar keys
-  bool is_list = false;  ///< router.methods: a YAML sequence, handled by the loader
+  bool is_list = false;  ///< a YAML sequence: router.methods (handled by the loader), or set_list's
+  list_setter set_list = nullptr;
 };
+
+problem set_trusted_proxies(config& c, const std::vector<std::string>& items) {
+  std::vector<net::cidr> nets;
+  for (const auto& item : items) {
+    auto n = net::cidr::parse(item);
+    if (!n) return "expected an address or a CIDR like 10.0.0.0/8 or fd00::/8, got " + in_quotes(item);
+    nets.push_back(*n);
+  }
+  c.client.trusted_proxies = std::move(nets);
+  return std::nullopt;
+}
 
 const std::vector<key_spec>& key_table() {
   static const std::vector<key_spec> table = [] {
@@ -457,6 +472,8 @@ const std::vector<key_spec>& key_table() {
     t.push_back({"client.max_connections",
                  count_setter([](config& c) -> auto& { return c.client.max_connections; }, 1,
                               std::numeric_limits<unsigned>::max())});
+    t.push_back({"client.trusted_proxies", nullptr, true, set_trusted_proxies});
+    t.push_back({"client.proxy_protocol", bool_setter([](config& c) -> auto& { return c.client.proxy_protocol; })});
 
     t.push_back({"health.path", string_setter([](config& c) -> auto& { return c.health.path; }, check_health_path)});
     t.push_back({"health.interval", duration_setter([](config& c) -> auto& { return c.health.interval; }, zero::forbidden)});
@@ -629,7 +646,17 @@ struct yaml_loader {
 
   problem apply(const key_spec& spec, const YAML::Node& value, int line) {
     const std::string key{spec.key};
-    if (spec.is_list) return apply_methods(value, line);
+    if (spec.is_list && !spec.set_list) return apply_methods(value, line);
+    if (spec.is_list) {
+      if (!value.IsSequence()) return at(line) + key + ": expected a list, like [10.0.0.0/8]";
+      std::vector<std::string> items;
+      for (const auto& item : value) {
+        if (!item.IsScalar()) return at(line_of(item) > 0 ? line_of(item) : line) + key + ": expected a list of values";
+        items.push_back(item.Scalar());
+      }
+      if (auto p = spec.set_list(cfg, items)) return at(line) + key + ": " + *p;
+      return std::nullopt;
+    }
     if (value.IsSequence() || value.IsMap()) {
       return at(line) + key + ": expected a single value, not a " +
              (value.IsMap() ? "map" : "list");
@@ -668,6 +695,8 @@ struct flag_spec {
   std::string help;            ///< one line for --help, with the default
   std::string_view key;        ///< the YAML key whose setter this flag uses ("" for switches)
   bool command_line::*flag = nullptr;  ///< for switches
+  /// A switch that sets a boolean key to true (`key` names it), rather than a command_line field.
+  bool sets_key = false;
 };
 
 const std::vector<flag_spec>& flag_table() {
@@ -698,6 +727,11 @@ const std::vector<flag_spec>& flag_table() {
     t.push_back({"access-log", "PATH|-|off",
                  "JSON access log: a file, - for stdout, or off (default " + d.access_log + ")", "access_log",
                  nullptr});
+    t.push_back({"trusted-proxy", "CIDR",
+                 "load balancer network whose forwarding headers count; repeatable (default: none)",
+                 "client.trusted_proxies", nullptr});
+    t.push_back({"proxy-protocol", "", "every connection starts with a PROXY header (v1/v2) from a --trusted-proxy",
+                 "client.proxy_protocol", nullptr, true});
     t.push_back({"health-path", "PATH",
                  "replica health check path (default " + d.health.path + "; a plain HTTP backend may need /)",
                  "health.path", nullptr});
@@ -709,6 +743,13 @@ const std::vector<flag_spec>& flag_table() {
     return t;
   }();
   return table;
+}
+
+/// The YAML key a flag sets ("" for a switch of its own or an unknown flag).
+std::string_view flag_key(std::string_view flag) {
+  for (const auto& f : flag_table())
+    if (f.name == flag) return f.key;
+  return {};
 }
 
 po::options_description flag_descriptions() {
@@ -760,6 +801,7 @@ std::variant<command_line, config_error> parse_command_line_impl(int argc, const
   for (const auto& f : flag_table()) known.push_back("--" + std::string{f.name});
 
   std::map<std::string, std::string> values;
+  std::map<std::string, std::vector<std::string>> lists;
   for (const auto& opt : parsed.options) {
     if (opt.unregistered) {
       const std::string raw = opt.original_tokens.empty() ? opt.string_key : opt.original_tokens.front();
@@ -775,8 +817,12 @@ std::variant<command_line, config_error> parse_command_line_impl(int argc, const
       return config_error{"unexpected argument " + in_quotes(token) + " (all options are --flags; see --help)"};
     }
     const std::string name = "--" + opt.string_key;
-    if (values.contains(opt.string_key)) return config_error{name + ": given more than once"};
     const std::string value = opt.value.empty() ? std::string{} : opt.value.front();
+    if (const key_spec* spec = find_key(flag_key(opt.string_key)); spec && spec->set_list) {
+      lists[opt.string_key].push_back(value);  // a list key's flag may be repeated
+      continue;
+    }
+    if (values.contains(opt.string_key)) return config_error{name + ": given more than once"};
     values.emplace(opt.string_key, value);
   }
 
@@ -796,6 +842,17 @@ std::variant<command_line, config_error> parse_command_line_impl(int argc, const
   }
   for (const auto& f : flag_table()) {
     if (f.key.empty()) continue;
+    if (f.sets_key) {
+      if (values.contains(std::string{f.name}) && find_key(f.key)->set(cfg, "true")) return config_error{"--" + std::string{f.name} + ": cannot set"};
+      continue;
+    }
+    if (const auto it = lists.find(std::string{f.name}); it != lists.end()) {
+      const std::string name = "--" + std::string{f.name};
+      for (const auto& v : it->second)
+        if (v.empty() || v.starts_with("--")) return config_error{name + ": missing value"};
+      if (auto p = find_key(f.key)->set_list(cfg, it->second)) return config_error{name + ": " + *p};
+      continue;
+    }
     const auto it = values.find(std::string{f.name});
     if (it == values.end()) continue;
     const std::string name = "--" + std::string{f.name};
@@ -996,6 +1053,9 @@ std::optional<config_error> validate(const config& cfg, bool demo) {
   }
   if (cfg.client.max_body_bytes == 0) return fail("client.max_body_bytes", "must be at least 1B");
   if (cfg.client.max_connections == 0) return fail("client.max_connections", "must be at least 1");
+  if (cfg.client.proxy_protocol && cfg.client.trusted_proxies.empty())
+    return fail("client.proxy_protocol",
+                "needs client.trusted_proxies (--trusted-proxy): the load balancers that send the PROXY headers");
   if (cfg.health.fall == 0) return fail("health.fall", "must be at least 1");
   if (cfg.health.rise == 0) return fail("health.rise", "must be at least 1");
 

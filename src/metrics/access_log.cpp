@@ -138,6 +138,8 @@ void format_access_entry(std::string& out, const access_entry& e) {
   append_time(out, e.time);
   append_key(out, "client");
   append_json_string(out, e.client);
+  append_key(out, "client_ip");
+  append_json_string(out, e.client_ip.empty() ? e.client : e.client_ip);
   append_key(out, "listener");
   append_json_string(out, e.listener);
   append_key(out, "method");

@@ -314,6 +314,18 @@ std::string render(const scrape_input& in) {
            "that listener, 5 ms doubling to 1 s.",
            "counter");
   w.sample("ingressd_accept_errors_total", {}, in.accept_errors);
+  w.family("ingressd_proxy_protocol_errors_total",
+           "Connections closed without a response for their PROXY protocol header (client.proxy_protocol), by "
+           "reason: untrusted (peer not in client.trusted_proxies), invalid, oversized, truncated, timeout.",
+           "counter");
+  for (std::size_t i = 0; i < net::proxy_error_count; ++i)
+    w.sample("ingressd_proxy_protocol_errors_total", {{"reason", net::to_string(static_cast<net::proxy_error>(i))}},
+             in.proxy_protocol_errors[i]);
+  w.family("ingressd_forwarded_chain_errors_total",
+           "X-Forwarded-For chains from trusted proxies (client.trusted_proxies) that held something other than "
+           "addresses: ignored, the proxy taken as the client.",
+           "counter");
+  w.sample("ingressd_forwarded_chain_errors_total", {}, in.forwarded_chain_errors);
   w.family("ingressd_access_log_dropped_total", "Access log lines dropped because the log queue was full.",
            "counter");
   w.sample("ingressd_access_log_dropped_total", {}, in.access_log_dropped);

@@ -130,6 +130,9 @@ std::string admin_server::metrics_text() const {
       for (std::size_t i = 0; i < grpc::conn_error_count; ++i) in.grpc->conn_errors[i] += st.grpc_conn_errors[i].get();
     }
     in.requests_received += w->stats().requests.get();
+    for (std::size_t i = 0; i < net::proxy_error_count; ++i)
+      in.proxy_protocol_errors[i] += w->stats().proxy_protocol_errors[i].get();
+    in.forwarded_chain_errors += w->stats().forwarded_chain_errors.get();
     in.active_connections += w->stats().active_connections.get();
     in.active_streams += w->stats().active_streams.get();
   }

@@ -388,6 +388,7 @@ class client_link final : public link {
   }
 
   const std::string& remote() const { return remote_; }
+  void set_remote(std::string r) { remote_ = std::move(r); }
   std::uint64_t opened = 0;
 
   /// The connection ends for abuse or a protocol error: counted, then GOAWAY `code`.
@@ -1176,8 +1177,9 @@ grpc_hub::grpc_hub(worker& w) : impl_(std::make_unique<impl>(w)) {}
 
 grpc_hub::~grpc_hub() { abort_all(); }
 
-void grpc_hub::accept(socket sock, std::unique_ptr<tls::stream> tls) {
+void grpc_hub::accept(socket sock, std::unique_ptr<tls::stream> tls, std::string remote) {
   auto l = std::make_shared<client_link>(*impl_, std::move(sock), std::move(tls));
+  if (!remote.empty()) l->set_remote(std::move(remote));
   impl_->clients.insert(l);
   l->start();
 }

@@ -10,6 +10,7 @@
 // snapshot, metrics go to the worker's blocks, access log lines to the shared access log.
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "ingressd/core/asio.hpp"
 #include "ingressd/tls/stream.hpp"
@@ -29,7 +30,8 @@ class grpc_hub {
   /// A new connection on the gRPC listener (already counted in shared.connections), or a TLS
   /// connection of the HTTPS listener whose ALPN chose h2 (`tls`: its handshake is done; the
   /// connection is counted in tls_connections until it closes).
-  void accept(socket sock, std::unique_ptr<tls::stream> tls = nullptr);
+  /// `remote`: the client's address for logs ("" = the socket's peer; a PROXY header's source).
+  void accept(socket sock, std::unique_ptr<tls::stream> tls = nullptr, std::string remote = {});
   /// Drain: every client connection gets GOAWAY (open streams finish; new ones are refused) and
   /// closes once its streams are done; idle upstream connections close.
   void drain();

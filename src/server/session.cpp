@@ -34,11 +34,14 @@ namespace ingressd::server {
 namespace beast = boost::beast;
 using http::iequals;
 
-session::session(worker& w, client_socket sock, SSL_CTX* tls)
+session::session(worker& w, client_socket sock, SSL_CTX* tls, std::optional<tcp::endpoint> client)
     : w_(w), cfg_(w.cfg_ptr()), sock_(std::move(sock)), timer_(w.ioc()) {
   error_code ec;
-  auto ep = sock_.remote_endpoint(ec);
-  if (!ec) peer_ = ep.address().to_string();
+  auto ep = client ? *client : sock_.remote_endpoint(ec);
+  if (!ec) {
+    peer_addr_ = net::unmapped(ep.address());
+    peer_ = peer_addr_.to_string();
+  }
   sock_.set_option(tcp::no_delay(true), ec);
   w_.stats().active_connections.add();
   if (tls) {
@@ -418,7 +421,7 @@ void session::handshake_step() {
         // connection from here on, and this session ends.
         disarm();
         handed_over_ = true;
-        w_.hand_to_grpc(std::move(sock_), std::move(tls_));
+        w_.hand_to_grpc(std::move(sock_), std::move(tls_), peer_);
         return;
       }
       wait_idle();  // disarms the handshake deadline

@@ -49,7 +49,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
                                                     asio::wait_traits<std::chrono::steady_clock>,
                                                     asio::io_context::executor_type>;
   /// `tls`: the HTTPS listener's context (the connection starts with a handshake), or null.
-  session(worker& w, client_socket sock, SSL_CTX* tls = nullptr);
+  /// `client`: the client a PROXY protocol header named (else the socket's peer is).
+  session(worker& w, client_socket sock, SSL_CTX* tls = nullptr, std::optional<tcp::endpoint> client = std::nullopt);
   ~session();
   /// Serves the connection until it closes: waits for the first request without a coroutine
   /// (after the TLS handshake, on the HTTPS listener).
@@ -144,6 +145,12 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   piece_read body_now(request_state& rs, error_code& ec);
   /// Ends the request with the response ingressd generates for `r`.
   awaitable<step> answer(request_state& rs, reason r);
+  /// X-Forwarded-For lines (joined) and X-Forwarded-Proto of a request from a trusted proxy.
+  static void collect_forwarded(std::string_view name, std::string_view value, std::string& chain,
+                                std::string_view& proto);
+  void forwarded_chain_refused(std::string_view chain);
+  /// The access log's client_ip: the rightmost untrusted address of a trusted proxy's chain.
+  std::string client_ip() const;
   /// Why an app has no healthy replica, for the 503's body: the first replica down and its cause.
   std::string down_replicas_text(const topology::app_view& v) const;
   /// Ends the request after an upstream failure: the upstream connection is reset, the client
@@ -323,7 +330,8 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   std::unique_ptr<request_parser> parser_;  // on the heap: an idle connection holds none
   watchdog_timer timer_;
   clock::time_point deadline_ = clock::time_point::max();
-  std::string peer_;
+  std::string peer_;                  ///< the client as ingressd knows it (socket peer or PROXY source)
+  boost::asio::ip::address peer_addr_;  ///< the same, for client.trusted_proxies
   unsigned router_gen_ = 0;      // numbers router calls, so that a stale timer handler finds no call
   upstream::lease* up_ = nullptr;  // the replica connection in use (registration), for cancellation
   unsigned waits_ = 0;

@@ -5,10 +5,12 @@
 
 #include <boost/beast/http/read.hpp>
 #include <boost/container/small_vector.hpp>
+#include <spdlog/spdlog.h>
 
 #include "ingressd/core/quiet_wait.hpp"
 #include "ingressd/core/scope.hpp"
 #include "ingressd/core/socket_io.hpp"
+#include "ingressd/http/forwarded.hpp"
 #include "ingressd/http/message.hpp"
 #include "ingressd/routing/chooser.hpp"
 #include "server/session.hpp"
@@ -174,6 +176,33 @@ void session::send_again(request_state& rs) {
   rs.connect_failures = 0;
 }
 
+void session::collect_forwarded(std::string_view name, std::string_view value, std::string& chain,
+                                std::string_view& proto) {
+  if (iequals(name, "x-forwarded-for")) {
+    // Several lines are one list (RFC 9110 §5.3).
+    if (!chain.empty()) chain.push_back(',');
+    chain.append(value);
+  } else if (iequals(name, "x-forwarded-proto")) {
+    proto = value;
+  }
+}
+
+void session::forwarded_chain_refused(std::string_view chain) {
+  w_.stats().forwarded_chain_errors.add();
+  spdlog::warn("X-Forwarded-For from trusted proxy {} is not a list of addresses, ignored: {}", peer_,
+               chain.substr(0, 256));
+}
+
+std::string session::client_ip() const {
+  if (!cfg_) return peer_;
+  const auto& trusted = cfg().client.trusted_proxies;
+  if (trusted.empty() || !parser_ || !net::any_contains(trusted, peer_addr_)) return peer_;
+  std::string chain;
+  std::string_view proto;
+  for (const auto& f : parser_->get()) collect_forwarded(f.name_string(), f.value(), chain, proto);
+  return http::evaluate_forwarded(chain, proto, peer_addr_, peer_, trusted).client_ip;
+}
+
 void session::build_request_head(const request_state& rs) {
   const auto& req = parser_->get();
   // One allocation for the request's heads instead of one per doubling (the buffer is released
@@ -185,6 +214,11 @@ void session::build_request_head(const request_state& rs) {
   head.append(rs.target).append(" HTTP/1.1\r\n");
   http::hop_filter hop(req);
   bool have_host = false;
+  // client.trusted_proxies: a trusted peer's forwarding chain and scheme are kept (http/forwarded.hpp).
+  const auto& trusted = cfg().client.trusted_proxies;
+  const bool peer_trusted = !trusted.empty() && net::any_contains(trusted, peer_addr_);
+  std::string chain;
+  std::string_view proto;
   for (const auto& f : req) {
     const auto name = f.name_string();
     if (hop.skip(f.name(), name)) continue;
@@ -196,7 +230,10 @@ void session::build_request_head(const request_state& rs) {
         have_host = true;
         break;
       default:
-        if (http::proxy_owned_field(name)) continue;  // incl. x-serve-router-*: only a router sets those
+        if (http::proxy_owned_field(name)) {  // incl. x-serve-router-*: only a router sets those
+          if (peer_trusted) collect_forwarded(name, f.value(), chain, proto);
+          continue;
+        }
     }
     bool replaced = false;
     for (const auto& [hn, hv] : rs.router_headers) replaced = replaced || iequals(hn, name);
@@ -204,8 +241,16 @@ void session::build_request_head(const request_state& rs) {
   }
   if (!have_host) http::append_field(head, "Host", rs.ep->key);
   for (const auto& [hn, hv] : rs.router_headers) http::append_field(head, hn, hv);
-  http::append_field(head, "X-Forwarded-For", peer_);
-  http::append_field(head, "X-Forwarded-Proto", tls_ ? "https" : "http");
+  const std::string_view scheme = tls_ ? "https" : "http";
+  if (!peer_trusted) {
+    http::append_field(head, "X-Forwarded-For", peer_);
+    http::append_field(head, "X-Forwarded-Proto", scheme);
+  } else {
+    const auto fwd = http::evaluate_forwarded(chain, proto, peer_addr_, peer_, trusted);
+    if (fwd.malformed) forwarded_chain_refused(chain);
+    http::append_field(head, "X-Forwarded-For", fwd.xff);
+    http::append_field(head, "X-Forwarded-Proto", fwd.proto.empty() ? scheme : fwd.proto);
+  }
   http::append_field(head, "X-Request-Id", rs.request_id);
   if (rs.has_body)
     http::append_field(head, rs.chunked_in ? "Transfer-Encoding" : "Content-Length",

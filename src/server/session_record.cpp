@@ -127,6 +127,8 @@ void session::finish_request() {
   metrics::access_entry e;
   e.time = std::chrono::system_clock::now() - std::chrono::duration_cast<std::chrono::system_clock::duration>(elapsed);
   e.client = peer_;
+  const std::string client = client_ip();
+  e.client_ip = client;
   e.listener = tls_ ? "https" : "http";
   // The request line, also when the head was refused after it (a Content-Length over
   // client.max_body_bytes is refused while the head is parsed: 413).

@@ -11,6 +11,7 @@
 
 #include "ingressd/core/scope.hpp"
 #include "server/grpc_proxy.hpp"
+#include "server/proxy_header.hpp"
 #include "server/session.hpp"
 
 namespace ingressd::server {
@@ -158,13 +159,67 @@ void worker::admit(session::client_socket sock, listener which) {
     sock.close(ignored);
     return;
   }
-  if (which == listener::grpc) {
-    grpc_->accept(std::move(sock));
+  if (cfg_->client.proxy_protocol) {
+    asio::co_spawn(ioc_, admit_proxied(std::move(sock), which), asio::detached);
     return;
   }
-  auto s = std::make_shared<session>(*this, std::move(sock), which == listener::tls ? tls_ctx_->native() : nullptr);
+  hand_on(std::move(sock), which, std::nullopt);
+}
+
+void worker::hand_on(session::client_socket sock, listener which, std::optional<tcp::endpoint> client) {
+  if (which == listener::grpc) {
+    grpc_->accept(std::move(sock), nullptr, client ? net::unmapped(client->address()).to_string() : std::string());
+    return;
+  }
+  auto s = std::make_shared<session>(*this, std::move(sock), which == listener::tls ? tls_ctx_->native() : nullptr,
+                                     client);
   add_session(*s);
   s->start();
+}
+
+awaitable<void> worker::admit_proxied(session::client_socket sock, listener which) {
+  // Held by the deadline's handler too, which may run after this coroutine has handed the
+  // socket on (then it cancels nothing).
+  struct pending {
+    session::client_socket sock;
+    bool timed_out = false;
+  };
+  auto p = std::make_shared<pending>(pending{std::move(sock)});
+  auto refuse = [&](net::proxy_error why, std::string_view detail) {
+    stats_.proxy_protocol_errors[static_cast<std::size_t>(why)].add();
+    error_code ignored;
+    const auto peer = p->sock.remote_endpoint(ignored);
+    spdlog::debug("PROXY header from {}: {} ({})", peer.address().to_string(), net::to_string(why), detail);
+    p->sock.close(ignored);
+    shared_.connections.fetch_sub(1, std::memory_order_relaxed);
+  };
+  error_code ec;
+  const auto peer = p->sock.remote_endpoint(ec);
+  if (ec || !net::any_contains(cfg_->client.trusted_proxies, peer.address())) {
+    refuse(net::proxy_error::untrusted, "the peer is not in client.trusted_proxies");
+    co_return;
+  }
+  asio::steady_timer deadline(ioc_);
+  deadline.expires_after(cfg_->client.header_timeout);
+  deadline.async_wait([p](error_code e) {
+    if (e) return;
+    p->timed_out = true;
+    error_code ignored;
+    p->sock.cancel(ignored);
+  });
+  const auto got = co_await read_proxy_header(p->sock);
+  deadline.cancel();
+  if (got.st != net::proxy_header::state::done) {
+    refuse(p->timed_out ? net::proxy_error::timeout : got.error, got.detail);
+    co_return;
+  }
+  if (stopping_) {
+    error_code ignored;
+    p->sock.close(ignored);
+    shared_.connections.fetch_sub(1, std::memory_order_relaxed);
+    co_return;
+  }
+  hand_on(std::move(p->sock), which, got.source);
 }
 
 awaitable<void> worker::sweep_loop() {
@@ -213,8 +268,9 @@ awaitable<void> worker::idle_loop() {
 
 void worker::add_session(session& s) { sessions_.push_back(s); }
 
-void worker::hand_to_grpc(asio::basic_stream_socket<tcp, executor> sock, std::unique_ptr<tls::stream> tls) {
-  grpc_->accept(std::move(sock), std::move(tls));
+void worker::hand_to_grpc(asio::basic_stream_socket<tcp, executor> sock, std::unique_ptr<tls::stream> tls,
+                          std::string remote) {
+  grpc_->accept(std::move(sock), std::move(tls), std::move(remote));
 }
 
 std::unique_ptr<request_scratch> worker::take_scratch() {

@@ -19,6 +19,7 @@
 #include <boost/intrusive/list.hpp>
 
 #include "ingressd/config/config.hpp"
+#include "ingressd/net/proxy_protocol.hpp"
 #include "ingressd/grpc/protocol.hpp"
 #include "ingressd/core/asio.hpp"
 #include "ingressd/metrics/access_log.hpp"
@@ -107,6 +108,10 @@ struct worker_stats {
   counter grpc_connections;
   counter grpc_streams;
   std::array<counter, grpc::conn_error_count> grpc_conn_errors;
+  /// client.proxy_protocol: connections closed for their PROXY header, by net::proxy_error.
+  std::array<counter, net::proxy_error_count> proxy_protocol_errors;
+  /// X-Forwarded-For chains from trusted proxies that held something other than addresses.
+  counter forwarded_chain_errors;
 };
 
 /// Per-app state of a worker, rebuilt on each topology change. (Replica loads and health are
@@ -219,7 +224,8 @@ class worker {
 
   void add_session(session& s);
   /// A TLS connection whose ALPN chose h2 (gRPC over the HTTPS listener): served as gRPC.
-  void hand_to_grpc(asio::basic_stream_socket<tcp, executor> sock, std::unique_ptr<tls::stream> tls);
+  void hand_to_grpc(asio::basic_stream_socket<tcp, executor> sock, std::unique_ptr<tls::stream> tls,
+                    std::string remote);
   std::size_t session_count() const { return sessions_.size(); }
 
  private:
@@ -229,6 +235,12 @@ class worker {
   static constexpr unsigned accept_batch = 32;
   /// A new client connection: a session, or a reset when client.max_connections are open.
   void admit(asio::basic_stream_socket<tcp, asio::io_context::executor_type> sock, listener which);
+  /// client.proxy_protocol: reads the connection's PROXY header, then hands it on as admit()
+  /// does, with the header's source as the client.
+  awaitable<void> admit_proxied(asio::basic_stream_socket<tcp, asio::io_context::executor_type> sock,
+                                listener which);
+  void hand_on(asio::basic_stream_socket<tcp, asio::io_context::executor_type> sock, listener which,
+               std::optional<tcp::endpoint> client);
   awaitable<void> sweep_loop();
   awaitable<void> idle_loop();
 

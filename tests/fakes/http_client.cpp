@@ -176,6 +176,7 @@ connection connection::open_tls(const std::string& host, std::uint16_t port, con
   const auto deadline = clock::now() + timeout;
   auto c = open(host, port, timeout);
   if (!c.connected()) return c;
+  if (!options.preamble.empty() && !c.write(options.preamble, timeout)) return c;
   auto& s = *c.s_;
   s.connected = false;
   s.tls_ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_client);

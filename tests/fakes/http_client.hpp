@@ -69,6 +69,7 @@ struct tls_options {
   std::string min_version;                ///< "1.1" lets the client offer TLS 1.1 (if OpenSSL's policy lets it)
   std::string ciphers;                    ///< TLS 1.2 cipher list ("" = OpenSSL's)
   std::shared_ptr<void> session;          ///< a session from tls_session() to resume
+  std::string preamble;                   ///< bytes sent in the clear before the handshake (a PROXY header)
 };
 
 /// One client connection, driven synchronously. Each call runs its own deadline; nothing blocks

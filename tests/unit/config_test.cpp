@@ -191,6 +191,8 @@ client:
   max_header_bytes: 32KiB
   max_body_bytes: 1GiB
   max_connections: 500
+  trusted_proxies: [10.0.0.0/8, "fd00::/8", 192.0.2.7]
+  proxy_protocol: true
 health:
   path: /health
   interval: 10s
@@ -257,6 +259,10 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
   EXPECT_EQ(cfg.client.max_header_bytes, 32u * 1024);
   EXPECT_EQ(cfg.client.max_body_bytes, 1ull << 30);
   EXPECT_EQ(cfg.client.max_connections, 500u);
+  ASSERT_EQ(cfg.client.trusted_proxies.size(), 3u);
+  EXPECT_EQ(cfg.client.trusted_proxies[1].to_string(), "fd00::/8");
+  EXPECT_EQ(cfg.client.trusted_proxies[2].to_string(), "192.0.2.7/32");
+  EXPECT_TRUE(cfg.client.proxy_protocol);
 
   EXPECT_EQ(cfg.health.path, "/health");
   EXPECT_EQ(cfg.health.interval, 10s);
@@ -300,7 +306,8 @@ TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
       "upstream.connect_timeout", "upstream.first_byte_timeout", "upstream.idle_timeout",
       "upstream.retries", "upstream.max_idle_per_replica", "client.header_timeout",
       "client.body_timeout", "client.keepalive_timeout", "client.max_header_bytes",
-      "client.max_body_bytes", "client.max_connections", "health.path", "health.interval",
+      "client.max_body_bytes", "client.max_connections", "client.trusted_proxies", "client.proxy_protocol",
+      "health.path", "health.interval",
       "health.fast_interval", "health.fall", "health.rise", "health.timeout", "health.error_limit",
       "drain.min_period", "drain.timeout", "tls.listen", "tls.cert_file", "tls.key_file", "tls.min_version",
       "tls.ciphers", "tls.ciphersuites", "tls.handshake_timeout", "grpc.listen", "grpc.max_concurrent_streams",
@@ -492,6 +499,8 @@ INSTANTIATE_TEST_SUITE_P(
         bad_value{"client:\n  max_body_bytes: 0", "t.yaml:2: client.max_body_bytes: ", "at least 1B"},
         bad_value{"client:\n  max_body_bytes: 1.5GiB", "t.yaml:2: client.max_body_bytes: ", "expected a size"},
         bad_value{"client:\n  max_connections: 0", "t.yaml:2: client.max_connections: ", "at least 1"},
+        bad_value{"client:\n  trusted_proxies: [10.0.0.0/33]", "t.yaml:2: client.trusted_proxies: ", "CIDR"},
+        bad_value{"client:\n  trusted_proxies: 10.0.0.0/8", "t.yaml:2: client.trusted_proxies: ", "expected a list"},
         bad_value{"health:\n  path: healthz", "t.yaml:2: health.path: ", "starting with '/'"},
         bad_value{"health:\n  interval: 0s", "t.yaml:2: health.interval: ", "greater than 0"},
         bad_value{"health:\n  fast_interval: fast", "t.yaml:2: health.fast_interval: ", "expected a duration"},
@@ -729,6 +738,19 @@ TEST(ConfigCli, MissingValuesNameTheFlag) {
 TEST(ConfigCli, RepeatedFlagAndSwitchValueAreErrors) {
   EXPECT_EQ(parse_error({"--demo", "--threads", "1", "--threads", "2"}), "--threads: given more than once");
   EXPECT_EQ(parse_error({"--demo=1"}), "--demo: takes no value");
+}
+
+TEST(ConfigCli, TrustedProxyRepeatsAndProxyProtocolNeedsIt) {
+  const auto cl = parse_ok({"--demo", "--trusted-proxy", "10.0.0.0/8", "--trusted-proxy", "2001:db8::/32",
+                            "--proxy-protocol"});
+  ASSERT_EQ(cl.cfg.client.trusted_proxies.size(), 2u);
+  EXPECT_EQ(cl.cfg.client.trusted_proxies[0].to_string(), "10.0.0.0/8");
+  EXPECT_EQ(cl.cfg.client.trusted_proxies[1].to_string(), "2001:db8::/32");
+  EXPECT_TRUE(cl.cfg.client.proxy_protocol);
+  EXPECT_FALSE(parse_ok({"--demo"}).cfg.client.proxy_protocol);
+  EXPECT_EQ(parse_error({"--demo", "--trusted-proxy", "10.0.0.0/40"}).find("--trusted-proxy: "), 0u);
+  EXPECT_NE(parse_error({"--demo", "--proxy-protocol"}).find("client.proxy_protocol: needs client.trusted_proxies"),
+            std::string::npos);
 }
 
 TEST_F(ConfigFile, FlagsOverrideTheFile) {

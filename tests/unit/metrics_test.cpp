@@ -455,6 +455,7 @@ TEST(MetricsAccessLog, FormatsOneJsonObject) {
   auto j = nlohmann::json::parse(line);
   EXPECT_EQ(j["time"], "2024-05-01T12:00:00.123Z");
   EXPECT_EQ(j["client"], "10.1.2.3");
+  EXPECT_EQ(j["client_ip"], "10.1.2.3") << "without a trusted proxy's chain, the connection's client";
   EXPECT_EQ(j["method"], "POST");
   EXPECT_EQ(j["path"], "/v1/chat/completions");
   EXPECT_EQ(j["app"], "llm");

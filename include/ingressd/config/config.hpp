@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ingressd/core/units.hpp"
+#include "ingressd/net/cidr.hpp"
 
 namespace ingressd::config {
 
@@ -82,6 +83,12 @@ struct client_settings {
   std::uint64_t max_header_bytes = 64 * 1024;        ///< client.max_header_bytes -> 431
   std::uint64_t max_body_bytes = 64ull * 1024 * 1024; ///< client.max_body_bytes -> 413
   unsigned max_connections = 20000;    ///< client.max_connections
+  /// client.trusted_proxies / --trusted-proxy (repeatable): peers (load balancers) whose
+  /// X-Forwarded-For and X-Forwarded-Proto are kept, and who may send PROXY headers.
+  std::vector<net::cidr> trusted_proxies;
+  /// client.proxy_protocol / --proxy-protocol: every connection on every listener starts with a
+  /// PROXY protocol header (v1 or v2) from a trusted proxy; its source is the client.
+  bool proxy_protocol = false;
   bool operator==(const client_settings&) const = default;
 };
 

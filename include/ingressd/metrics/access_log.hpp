@@ -8,12 +8,16 @@
 //
 // Fields (always present, in this order; null when not applicable):
 //   time            request start (head started arriving), UTC, RFC 3339 with milliseconds
-//   client          client IP address
+//   client          the connection's client IP address (a PROXY header's source, with
+//                   client.proxy_protocol)
+//   client_ip       who the client is: `client`, or behind a trusted proxy the rightmost
+//                   X-Forwarded-For address that is not trusted (client.trusted_proxies)
 //   listener        "http" (listen), "https" (tls.listen) or "grpc" (grpc.listen)
 //   method, path    request method and path (without the query string)
 //   app             matched app name ("" when none)
 //   status          status sent to the client; 499 when the client left before any response,
-//                   0 when the daemon stopped before any response
+//                   0 when the daemon stopped before any response (a client that left mid-
+//                   response keeps the status sent; termination says client_abort)
 //   bytes           response body bytes sent to the client
 //   duration        seconds, request start to end of the response (or of the exchange)
 //   router          the router last consulted (its target name, or address), null without router
@@ -31,7 +35,8 @@
 //                   for gRPC calls the client's x-request-id metadata or null
 //   grpc_status     gRPC calls (listener "grpc"): the grpc-status the client got (1 CANCELLED
 //                   when it reset the call first); null for HTTP requests. A gRPC call's `path`
-//                   is /package.Service/Method, `status` 200 (0 when no response started).
+//                   is /package.Service/Method, `status` 200 (499 when the client cancelled
+//                   before any response, 505 for an HTTP request refused with HTTP_1_1_REQUIRED).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -55,6 +60,7 @@ std::string_view to_string(termination t) noexcept;
 struct access_entry {
   std::chrono::system_clock::time_point time;
   std::string_view client;
+  std::string_view client_ip;  ///< "" = the same as client
   std::string_view listener = "http";
   std::string_view method;
   std::string_view path;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ingressd/metrics/process.hpp"
+#include "ingressd/net/proxy_protocol.hpp"
 #include "ingressd/metrics/request_metrics.hpp"
 #include "ingressd/topology/snapshot.hpp"
 
@@ -52,6 +53,9 @@ struct scrape_input {
   std::uint64_t config_errors = 0;       ///< ingressd_config_reload_errors_total
   std::uint64_t config_generations = 0;  ///< ingressd_config_generations
   std::uint64_t accept_errors = 0;       ///< ingressd_accept_errors_total
+  /// ingressd_proxy_protocol_errors_total by net::proxy_error
+  std::array<std::uint64_t, net::proxy_error_count> proxy_protocol_errors{};
+  std::uint64_t forwarded_chain_errors = 0;  ///< ingressd_forwarded_chain_errors_total
   std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
   /// The HTTPS listener (tls.listen); nullopt without one.
   using tls_input = scrape_tls_input;
