@@ -371,6 +371,7 @@ const std::vector<key_spec>& key_table() {
     t.push_back({"busy_poll_us",
                  count_setter([](config& c) -> auto& { return c.busy_poll_us; }, 0, max_busy_poll_us)});
     t.push_back({"node_ip", optional_string_setter([](config& c) -> auto& { return c.node_ip; }, check_ip)});
+    t.push_back({"ray_node_id", optional_string_setter([](config& c) -> auto& { return c.ray_node_id; }, any)});
     t.push_back({"root_path", string_setter([](config& c) -> auto& { return c.root_path; }, check_root_path)});
     t.push_back({"log_level", [](config& c, const std::string& v) -> problem {
                    const auto level = parse_log_level(v);
@@ -522,6 +523,7 @@ const std::vector<key_spec>& key_table() {
                  count_setter([](config& c) -> auto& { return c.grpc.max_concurrent_streams; }, 1, max_grpc_streams)});
     t.push_back({"grpc.health_path",
                  string_setter([](config& c) -> auto& { return c.grpc.health_path; }, check_health_path)});
+    t.push_back({"metrics.ray_compatible", bool_setter([](config& c) -> auto& { return c.metrics.ray_compatible; })});
     return t;
   }();
   return table;
@@ -535,7 +537,7 @@ const key_spec* find_key(std::string_view key) {
 }
 
 bool is_section(std::string_view name) {
-  for (std::string_view s : {"topology", "router", "upstream", "client", "health", "drain", "tls", "grpc"}) {
+  for (std::string_view s : {"topology", "router", "upstream", "client", "health", "drain", "tls", "grpc", "metrics"}) {
     if (s == name) return true;
   }
   return false;
@@ -713,6 +715,8 @@ const std::vector<flag_spec>& flag_table() {
     t.push_back({"grpc-listen", "HOST:PORT", "gRPC (HTTP/2 cleartext) listener (default: none)", "grpc.listen", nullptr});
     t.push_back({"node-ip", "IP",
                  "this node's Ray node IP (default: $RAY_NODE_IP_ADDRESS, else detected)", "node_ip", nullptr});
+    t.push_back({"ray-node-id", "ID", "this node's Ray node id, for Ray's node drain (default: found by node IP)",
+                 "ray_node_id", nullptr});
     t.push_back({"topology-file", "PATH", "static or hand-written topology, watched for changes",
                  "topology.file", nullptr});
     t.push_back({"ray-dashboard", "URL", "e.g. http://10.0.0.1:8265 (polls /api/serve/applications/)",
@@ -874,6 +878,21 @@ std::variant<command_line, config_error> parse_command_line_impl(int argc, const
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+
+std::string_view usual_holder(std::uint16_t port) noexcept {
+  switch (port) {
+    case 8000: return "Ray Serve's HTTP proxy, or its HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1), or another ingressd";
+    case 9000: return "Ray Serve's gRPC proxy (grpc_options.port)";
+    case 9101: return "Ray Serve's HAProxy metrics exporter (RAY_SERVE_HAPROXY_METRICS_PORT)";
+    case 8404: return "Ray Serve's HAProxy stats page (RAY_SERVE_HAPROXY_STATS_PORT)";
+    case 8265: return "the Ray dashboard";
+    case 6379: return "Ray's GCS server";
+    case 10001: return "the Ray client server";
+    case 8500: return "Ray Serve's fallback proxy (RAY_SERVE_FALLBACK_PROXY_HTTP_PORT)";
+    case 9190: return "another ingressd's admin listener (a restart while the old one still drains?)";
+    default: return {};
+  }
+}
 
 std::string host_port::to_string() const {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);

@@ -187,11 +187,9 @@ bool underscore_twin(std::string_view name) noexcept {
 }  // namespace
 
 bool forwarded_method(std::string_view m) noexcept {
-  static constexpr std::array<std::string_view, 7> forwarded{"GET", "HEAD", "POST", "PUT",
-                                                             "DELETE", "OPTIONS", "PATCH"};
-  for (auto f : forwarded)
-    if (m == f) return true;
-  return false;
+  // Ray's proxies forward every method (HAProxy in http mode, uvicorn): so does ingressd, but for
+  // CONNECT, which asks for a tunnel ingressd does not make. Beast has checked it is a token.
+  return !m.empty() && m != "CONNECT";
 }
 
 bool idempotent(bhttp::verb method) noexcept {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "ingressd/metrics/prometheus.hpp"
 
@@ -37,6 +38,10 @@ struct app_sum {
   histogram_data grpc_duration{request_buckets()};
   std::map<std::string, router_sum> routers;  // by router label
   bool routed = false;  ///< the app has a router pool (now)
+  /// Ray's series by (method, status, route kind), and the app's route prefix.
+  using ray_key = std::tuple<std::string, unsigned, ray_series::route>;
+  std::map<ray_key, histogram_data> ray_http, ray_grpc;
+  std::string route_prefix;
 };
 
 void add_block(app_sum& s, const app_metrics& b) {
@@ -61,6 +66,86 @@ void add_block(app_sum& s, const app_metrics& b) {
     a.hedge_delay_us = std::max(a.hedge_delay_us, r->hedge_delay_us.load(std::memory_order_relaxed));
   }
   if (!b.routers().empty()) s.routed = true;
+  auto add_ray = [](std::map<app_sum::ray_key, histogram_data>& to, const ray_series& from) {
+    from.for_each([&](std::string_view method, unsigned status, ray_series::route r, const histogram& h) {
+      auto [it, fresh] = to.try_emplace({std::string(method), status, r}, ray_latency_buckets());
+      it->second.add(h);
+    });
+  };
+  add_ray(s.ray_http, b.ray_http);
+  add_ray(s.ray_grpc, b.ray_grpc);
+  if (!b.route_prefix.empty()) s.route_prefix = b.route_prefix;
+}
+
+/// grpc.StatusCode's names, as Ray's proxy writes them in its status_code label.
+std::string grpc_status_label(unsigned code) {
+  static constexpr std::array<std::string_view, grpc::status_count> names{
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+      "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  return "StatusCode." + std::string(code < names.size() ? names[code] : "UNKNOWN");
+}
+
+/// Ray Serve's proxy series (ray python/ray/serve/_private/proxy.py: metric names, tag keys, the
+/// error rule; constants.py: the latency buckets in ms), for Ray's Serve Grafana dashboard.
+void render_ray(text_writer& w, const std::map<std::string, app_sum>& apps, const scrape_input& in) {
+  auto route_of = [](const std::string& app, const app_sum& s, ray_series::route r, bool grpc) -> std::string {
+    switch (r) {
+      case ray_series::route::healthz: return "/-/healthz";
+      case ray_series::route::routes: return "/-/routes";
+      case ray_series::route::app: break;
+    }
+    if (app.empty()) return "";
+    return grpc ? app : s.route_prefix;  // Ray: a gRPC call's route is its app's name
+  };
+  struct protocol {
+    bool grpc;
+    std::string_view requests, errors, latency, ongoing, requests_help, errors_help, latency_help, ongoing_help;
+    std::uint64_t ongoing_value;
+  };
+  std::vector<protocol> protocols{{false, "ray_serve_num_http_requests_total", "ray_serve_num_http_error_requests_total",
+                                   "ray_serve_http_request_latency_ms", "ray_serve_num_ongoing_http_requests",
+                                   "The number of HTTP requests processed.", "The number of errored HTTP responses.",
+                                   "The end-to-end latency of HTTP requests (measured from the Serve HTTP proxy).",
+                                   "The number of ongoing requests in this HTTP proxy.", in.ongoing_http}};
+  if (in.grpc)
+    protocols.push_back({true, "ray_serve_num_grpc_requests_total", "ray_serve_num_grpc_error_requests_total",
+                         "ray_serve_grpc_request_latency_ms", "ray_serve_num_ongoing_grpc_requests",
+                         "The number of gRPC requests processed.", "The number of errored gRPC responses.",
+                         "The end-to-end latency of gRPC requests (measured from the Serve gRPC proxy).",
+                         "The number of ongoing requests in this gRPC proxy.", in.ongoing_grpc});
+  for (const auto& p : protocols) {
+    auto series = [&](const app_sum& s) -> const std::map<app_sum::ray_key, histogram_data>& {
+      return p.grpc ? s.ray_grpc : s.ray_http;
+    };
+    auto status_label = [&](unsigned status) { return p.grpc ? grpc_status_label(status) : std::to_string(status); };
+    // Ray's error rule: an HTTP status of 4xx or 5xx; for gRPC anything but OK.
+    auto is_error = [&](unsigned status) { return p.grpc ? status != 0 : status >= 400; };
+    w.family(p.requests, p.requests_help, "counter");
+    for (const auto& [app, s] : apps)
+      for (const auto& [key, h] : series(s)) {
+        const auto& [method, status, r] = key;
+        w.sample(p.requests, {{"application", app}, {"route", route_of(app, s, r, p.grpc)}, {"method", method},
+                              {"status_code", status_label(status)}}, h.count());
+      }
+    w.family(p.errors, p.errors_help, "counter");
+    for (const auto& [app, s] : apps)
+      for (const auto& [key, h] : series(s)) {
+        const auto& [method, status, r] = key;
+        if (is_error(status))
+          w.sample(p.errors, {{"application", app}, {"route", route_of(app, s, r, p.grpc)}, {"method", method},
+                              {"error_code", status_label(status)}}, h.count());
+      }
+    w.family(p.latency, p.latency_help, "histogram");
+    for (const auto& [app, s] : apps)
+      for (const auto& [key, h] : series(s)) {
+        const auto& [method, status, r] = key;
+        w.histogram(p.latency, {{"application", app}, {"route", route_of(app, s, r, p.grpc)}, {"method", method},
+                                {"status_code", status_label(status)}}, h, 1000.0);
+      }
+    w.family(p.ongoing, p.ongoing_help, "gauge");
+    w.sample(p.ongoing, {{"node_id", in.node_id}, {"node_ip_address", in.node_ip}}, p.ongoing_value);
+  }
 }
 
 }  // namespace
@@ -326,11 +411,22 @@ std::string render(const scrape_input& in) {
            "addresses: ignored, the proxy taken as the client.",
            "counter");
   w.sample("ingressd_forwarded_chain_errors_total", {}, in.forwarded_chain_errors);
+  w.family("ingressd_router_reply_headers_skipped_total",
+           "Members of router replies' request_headers left out because their value was not a string (the reply "
+           "is used without them).",
+           "counter");
+  w.sample("ingressd_router_reply_headers_skipped_total", {}, in.router_headers_skipped);
   w.family("ingressd_access_log_dropped_total", "Access log lines dropped because the log queue was full.",
            "counter");
   w.sample("ingressd_access_log_dropped_total", {}, in.access_log_dropped);
   w.family("ingressd_draining", "1 once SIGTERM or SIGINT has started the drain, else 0.", "gauge");
   w.sample("ingressd_draining", {}, std::uint64_t{in.draining ? 1u : 0u});
+  w.family("ingressd_ray_node_draining",
+           "1 while Ray drains this node (its Serve proxy is DRAINING in Ray's proxies map): /-/healthz fails, "
+           "requests are still served.",
+           "gauge");
+  w.sample("ingressd_ray_node_draining", {}, std::uint64_t{in.topology && in.topology->ray_node_draining ? 1u : 0u});
+  if (in.ray_compatible) render_ray(w, apps, in);
   if (in.process) render_process(w, *in.process);
   return std::move(w).str();
 }

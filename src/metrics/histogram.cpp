@@ -17,6 +17,12 @@ const bucket_layout& request_buckets() {
   return l;
 }
 
+const bucket_layout& ray_latency_buckets() {
+  static const bucket_layout l{0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4,
+                               0.5,   1,     2,     5,    10,   60,   120, 300, 600};
+  return l;
+}
+
 const bucket_layout& router_buckets() {
   static const bucket_layout l{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
   return l;

@@ -83,19 +83,20 @@ void text_writer::sample(std::string_view name, std::initializer_list<label> lab
   out_ += '\n';
 }
 
-void text_writer::histogram(std::string_view name, std::initializer_list<label> labels, const histogram_data& h) {
+void text_writer::histogram(std::string_view name, std::initializer_list<label> labels, const histogram_data& h,
+                            double unit) {
   std::uint64_t cumulative = 0;
   const std::size_t finite = h.layout ? h.layout->size : 0;
   for (std::size_t i = 0; i < finite; ++i) {
     cumulative += h.buckets[i];
-    series(name, "_bucket", labels, format_value(h.layout->bound_seconds(i)));
+    series(name, "_bucket", labels, format_value(h.layout->bound_seconds(i) * unit));
     out_ += fmt::format("{}\n", cumulative);
   }
   if (h.layout) cumulative += h.buckets[finite];
   series(name, "_bucket", labels, "+Inf");
   out_ += fmt::format("{}\n", cumulative);
   series(name, "_sum", labels);
-  out_ += format_value(static_cast<double>(h.sum_ns) / 1e9);
+  out_ += format_value(static_cast<double>(h.sum_ns) / 1e9 * unit);
   out_ += '\n';
   series(name, "_count", labels);
   out_ += fmt::format("{}\n", cumulative);

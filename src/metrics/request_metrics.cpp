@@ -1,5 +1,6 @@
 #include "ingressd/metrics/request_metrics.hpp"
 
+#include <algorithm>
 #include <unordered_map>
 #include <utility>
 
@@ -73,6 +74,26 @@ std::array<histogram, sizeof...(I)> router_histograms(std::index_sequence<I...>)
 
 }  // namespace
 
+void ray_series::observe(std::string_view method, unsigned status, route r, std::chrono::nanoseconds took) noexcept {
+  const std::uint32_t key = static_cast<std::uint32_t>(r) << 16 | std::min(status, 0xffffu);
+  const std::size_t n = used_.load(std::memory_order_relaxed);  // this thread is the only writer
+  for (std::size_t i = 0; i < n; ++i)
+    if (keys_[i] == key && methods_[i] == method) {
+      hists_[i]->observe(took);
+      return;
+    }
+  if (n == capacity) return;
+  try {
+    hists_[n] = std::make_unique<histogram>(ray_latency_buckets());
+    methods_[n] = method;
+  } catch (const std::bad_alloc&) {
+    return;
+  }
+  keys_[n] = key;
+  hists_[n]->observe(took);
+  used_.store(n + 1, std::memory_order_release);
+}
+
 app_metrics::app_metrics(std::string app_name)
     : name(std::move(app_name)),
       duration(request_buckets()),
@@ -103,6 +124,7 @@ std::vector<app_metrics*> worker_metrics::apply(const topology::snapshot& snap, 
       blocks_.push_back(std::make_unique<app_metrics>(app.name));
       it = by_name.emplace(blocks_.back()->name, blocks_.back().get()).first;
     }
+    it->second->route_prefix = app.route_prefix;
     out.push_back(it->second);
   }
   if (grpc) {

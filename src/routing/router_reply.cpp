@@ -266,11 +266,14 @@ class json_reader {
   std::string key_scratch_;  // decoded keys and skipped strings
 };
 
-/// `"request_headers": {...}`: every value a safe string under a token name, else unusable.
+/// `"request_headers": {...}`: every string value under a token name; a member whose value is
+/// not a string is skipped and counted in `skipped`; anything but an object (or null) is unusable.
 /// Like a JSON object, a repeated name keeps its last value; names come out sorted.
-bool read_headers(json_reader& in, std::vector<std::pair<std::string, std::string>>& out, bool& usable) {
+bool read_headers(json_reader& in, std::vector<std::pair<std::string, std::string>>& out, bool& usable,
+                  unsigned& skipped) {
   out.clear();
   usable = true;
+  skipped = 0;
   if (in.null_literal()) return true;
   if (!in.peek('{')) {
     usable = false;
@@ -299,7 +302,10 @@ bool read_headers(json_reader& in, std::vector<std::pair<std::string, std::strin
   std::stable_sort(all.begin(), all.end(), [](const member& a, const member& b) { return a.name < b.name; });
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (i + 1 < all.size() && all[i + 1].name == all[i].name) continue;
-    if (!all[i].is_string) usable = false;
+    if (!all[i].is_string) {
+      ++skipped;  // Ray's Lua sets only string values: one odd member does not spoil the reply
+      continue;
+    }
     out.emplace_back(std::move(all[i].name), std::move(all[i].value));
   }
   return true;
@@ -318,7 +324,8 @@ router_reply parse_router_reply(unsigned status, std::string_view body) {
   if (!in.eat('{')) return r;
   std::string id;
   bool id_ok = false;      // the last replica_id member is a non-empty string
-  bool headers_ok = true;  // the last request_headers member is absent, null or all strings
+  bool headers_ok = true;  // the last request_headers member is absent, null or an object
+  unsigned skipped = 0;
   std::vector<std::pair<std::string, std::string>> headers;
   if (!in.eat('}')) {
     std::string key_scratch, value_scratch;
@@ -332,7 +339,7 @@ router_reply parse_router_reply(unsigned status, std::string_view body) {
         id.assign(text);
         id_ok = id_ok && !id.empty();
       } else if (key == "request_headers") {
-        if (!read_headers(in, headers, headers_ok)) return r;
+        if (!read_headers(in, headers, headers_ok, skipped)) return r;
       } else if (!in.skip_value()) {
         return r;
       }
@@ -346,6 +353,7 @@ router_reply parse_router_reply(unsigned status, std::string_view body) {
     if (!http::reserved_for_router(name)) r.request_headers.emplace_back(std::move(name), std::move(value));
   }
   r.replica_id = std::move(id);
+  r.skipped_headers = skipped;
   r.what = router_reply::kind::pinned;
   return r;
 }

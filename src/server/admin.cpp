@@ -1,5 +1,7 @@
 #include "server/admin.hpp"
 
+#include <unordered_set>
+
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/read.hpp>
@@ -101,15 +103,39 @@ awaitable<void> admin_server::serve(tcp::socket sock) {
   sock.close(ignored);
 }
 
+/// metrics.ray_compatible: what the ray_serve_* series need beside the workers' blocks.
+static void ray_inputs(metrics::scrape_input& in) {
+  in.ray_compatible = true;
+  if (!in.topology) return;
+  in.node_ip = in.topology->node_ip;
+  in.node_id = in.topology->ray_node_id;
+  // Requests being proxied to a replica or fallback target now (node-wide counts), HTTP apps'
+  // and gRPC apps' apart (a target shared by both counts once, as HTTP).
+  std::unordered_set<const topology::upstream_state*> seen;
+  auto add = [&](const topology::endpoint& ep, std::uint64_t& to) {
+    if (ep.state && seen.insert(ep.state).second) to += ep.state->in_flight.load(std::memory_order_relaxed);
+  };
+  for (const auto& a : in.topology->apps) {
+    for (const auto& r : a.replicas) add(r, in.ongoing_http);
+    if (a.fallback) add(*a.fallback, in.ongoing_http);
+  }
+  for (const auto& a : in.topology->grpc_apps) {
+    for (const auto& r : a.replicas) add(r, in.ongoing_grpc);
+    if (a.fallback) add(*a.fallback, in.ongoing_grpc);
+  }
+}
+
 std::string admin_server::metrics_text() const {
   metrics::scrape_input in;
   const std::int64_t not_after = h_.shared ? h_.shared->tls_not_after.load(std::memory_order_relaxed) : 0;
   if (not_after != 0) {
-    in.tls.emplace();
-    in.tls->not_after = not_after;
-    in.tls->failures.resize(tls::handshake_failure_count);
+    // Built whole, then moved in (GCC 12 sees the vector inside the optional as maybe uninitialized
+    // when it is filled in place).
+    metrics::scrape_tls_input t;
+    t.not_after = not_after;
     for (std::size_t i = 0; i < tls::handshake_failure_count; ++i)
-      in.tls->failures[i].first = tls::to_string(static_cast<tls::handshake_failure>(i));
+      t.failures.emplace_back(tls::to_string(static_cast<tls::handshake_failure>(i)), 0);
+    in.tls = std::move(t);
   }
   for (const auto* w : h_.workers()) {
     in.workers.push_back(&w->metrics());
@@ -133,11 +159,13 @@ std::string admin_server::metrics_text() const {
     for (std::size_t i = 0; i < net::proxy_error_count; ++i)
       in.proxy_protocol_errors[i] += w->stats().proxy_protocol_errors[i].get();
     in.forwarded_chain_errors += w->stats().forwarded_chain_errors.get();
+    in.router_headers_skipped += w->stats().router_headers_skipped.get();
     in.active_connections += w->stats().active_connections.get();
     in.active_streams += w->stats().active_streams.get();
   }
   auto snap = h_.topology ? h_.topology() : nullptr;
   in.topology = snap.get();
+  if (const auto cfg = h_.config ? h_.config() : nullptr; cfg && cfg->metrics.ray_compatible) ray_inputs(in);
   in.process = metrics::read_process_stats();
   if (h_.shared) {
     in.topology_updates = h_.shared->topology_updates.load(std::memory_order_relaxed);
@@ -164,6 +192,11 @@ std::string admin_server::topology_json() const {
   j["loaded"] = true;
   j["serve_running"] = snap->doc.serve_running;
   j["node_ip"] = snap->node_ip;
+  // This node's entry of Ray's `proxies` map (its Serve proxy's status: Ray's node drain).
+  j["ray_node"] = nlohmann::json::object();
+  j["ray_node"]["node_id"] = snap->ray_node_id.empty() ? nlohmann::json() : nlohmann::json(snap->ray_node_id);
+  j["ray_node"]["status"] = snap->ray_node_status.empty() ? nlohmann::json() : nlohmann::json(snap->ray_node_status);
+  j["ray_node"]["draining"] = snap->ray_node_draining;
   j["generation"] = snap->generation;
   j["last_update"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(snap->updated)));
   j["source"] = snap->source;

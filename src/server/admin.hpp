@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ingressd/config/config.hpp"
 #include "ingressd/core/asio.hpp"
 #include "ingressd/topology/snapshot.hpp"
 
@@ -24,6 +25,8 @@ class admin_server {
     /// Upstreams marked down, by key ("ip:port"), with why (shown in /topology). Health and
     /// in-flight counts themselves are read from the snapshot's upstream states.
     std::function<std::unordered_map<std::string, std::string>()> down_causes;
+    /// The config in force (what /metrics exports: metrics.ray_compatible).
+    std::function<std::shared_ptr<const config::config>()> config;
   };
   /// Binds at once; `ec` says why it could not.
   admin_server(asio::io_context& ioc, const tcp::endpoint& ep, error_code& ec, handlers h);

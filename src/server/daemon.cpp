@@ -27,7 +27,15 @@ namespace {
 /// A listener that cannot be opened is a startup failure whose message names the address and
 /// its setting, not the Boost call that failed (exit 1, contract §1).
 [[noreturn]] void cannot_listen(std::string_view key, const config::host_port& hp, const error_code& ec) {
-  throw std::runtime_error("cannot listen on " + hp.to_string() + " (" + std::string(key) + "): " + ec.message());
+  std::string hint;
+  if (ec == asio::error::address_in_use) {
+    const std::string_view holder = config::usual_holder(hp.port);
+    hint = holder.empty() ? std::string("; another process holds it (ss -ltnp 'sport = :") + std::to_string(hp.port) +
+                                "' shows which)"
+                          : std::string("; on a Ray node that is usually ") + std::string(holder) +
+                                " (config/beside-ray-haproxy.yaml has ports that clash with nothing Ray binds)";
+  }
+  throw std::runtime_error("cannot listen on " + hp.to_string() + " (" + std::string(key) + "): " + ec.message() + hint);
 }
 
 /// An IP literal as is; a host name resolved once at startup (the first IPv4 address, else the
@@ -225,7 +233,8 @@ void daemon::start() {
       [this] {
         std::lock_guard lk(impl_->snap_mu);
         return impl_->down;
-      }});
+      },
+      [this] { return impl_->current_config(); }});
   if (admin_ec) cannot_listen("admin_listen", d.cfg->admin_listen, admin_ec);
   d.control_guard.emplace(d.control.get_executor());
   d.drain_timer.emplace(d.control);

@@ -1137,6 +1137,8 @@ void grpc_hub::impl::finish(const call_ptr& c, std::uint32_t error_code) {
   block->grpc_status[status].add(1);
   const auto took = clock::now() - c->start;
   block->grpc_duration.observe(took);
+  if (w.cfg().metrics.ray_compatible && (!c->started || c->grpc_content))
+    block->ray_grpc.observe(c->path, status, metrics::ray_series::route::app, took);
   if (c->why) block->generated[static_cast<std::size_t>(*c->why)].add(1);
   --streams;
   w.stats().grpc_streams.sub(1);

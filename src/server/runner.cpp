@@ -197,8 +197,15 @@ int run(int argc, const char* const* argv) {
       for (const auto& g : next.grpc_apps)
         spdlog::warn("topology: ignored gRPC target group '{}' (no gRPC listener: grpc.listen / --grpc-listen)", g.name);
     const bool serve_running = next.serve_running;
+    const auto before = d.current_topology();
     auto snap = topology::make_snapshot(std::move(next), node.ip, cfg->topology.local_dial_host, ++generation,
-                                        source, d.current_topology().get());
+                                        source, before.get(), cfg->ray_node_id);
+    if (snap->ray_node_draining && !(before && before->ray_node_draining))
+      spdlog::warn("topology: Ray is draining this node (its Serve proxy {} is DRAINING): /-/healthz fails, requests "
+                   "are still served",
+                   snap->ray_node_id);
+    else if (!snap->ray_node_draining && before && before->ray_node_draining)
+      spdlog::info("topology: Ray no longer drains this node ({}): /-/healthz passes again", snap->ray_node_status);
     if (!serve_running)
       spdlog::info("topology: Serve is not running (no applications) (generation {})", snap->generation);
     else

@@ -102,7 +102,17 @@ void session::finish_request() {
   auto& r = rq_->rec;
   if (!r.active) return;
   r.active = false;
-  if (r.probe) return;
+  const bool ray = cfg_ && cfg().metrics.ray_compatible;
+  if (r.probe) {
+    // Ray's proxy counts its probes too, with the path as the route (its dashboard hides them).
+    if (ray && parser_) {
+      const auto& req = parser_->get();
+      const auto route = routing::path_of(req.target()) == "/-/healthz" ? metrics::ray_series::route::healthz
+                                                                          : metrics::ray_series::route::routes;
+      w_.metrics().no_app().ray_http.observe(req.method_string(), r.status, route, clock::now() - r.start);
+    }
+    return;
+  }
   const bool head = parser_ && parser_->is_header_done();
   if (!head && r.status == 0) return;  // the connection ended before a request: nothing to count
 
@@ -118,7 +128,12 @@ void session::finish_request() {
   // code for a disconnect), not as the status its response began with: a dashboard of 200s
   // would hide every abandoned stream. The access log keeps the status sent, beside
   // termination client_abort.
-  block.codes.add(term == termination::client_abort ? 499 : r.status);
+  const unsigned counted = term == termination::client_abort ? 499 : r.status;
+  block.codes.add(counted);
+  // Ray's series: requests that reached routing (an app, or the no_route answer), as Ray's proxy
+  // sees them; refusals of the head come from its HTTP server, before the proxy.
+  if (ray && parser_ && (r.block || r.why == reason::no_route))
+    block.ray_http.observe(parser_->get().method_string(), counted, metrics::ray_series::route::app, elapsed);
   block.duration.observe(elapsed);
   if (r.why) block.generated[static_cast<std::size_t>(*r.why)].add();
 

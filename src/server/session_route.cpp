@@ -76,6 +76,11 @@ awaitable<session::step> session::decide_route(request_state& rs) {
     rs.result = co_await body_error(body_ec);
     co_return step::done;
   }
+  if (!failure && reply.skipped_headers > 0) {
+    w_.stats().router_headers_skipped.add(reply.skipped_headers);
+    spdlog::debug("router reply for {}: {} request_headers value(s) not a string, left out", view.name,
+                  reply.skipped_headers);
+  }
   if (!failure) {
     if (auto it = view.replica_by_name.find(reply.replica_id); it != view.replica_by_name.end()) {
       rs.where.pinned = it->second;

@@ -112,6 +112,8 @@ struct worker_stats {
   std::array<counter, net::proxy_error_count> proxy_protocol_errors;
   /// X-Forwarded-For chains from trusted proxies that held something other than addresses.
   counter forwarded_chain_errors;
+  /// Router replies' request_headers members left out for not being strings.
+  counter router_headers_skipped;
 };
 
 /// Per-app state of a worker, rebuilt on each topology change. (Replica loads and health are

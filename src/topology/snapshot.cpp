@@ -94,10 +94,17 @@ app_view make_view(const app& a, const resolver& resolve, std::string_view node_
 std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& node_ip,
                                               const std::string& local_dial_host,
                                               std::uint64_t generation, std::string source,
-                                              const snapshot* previous) {
+                                              const snapshot* previous, const std::string& ray_node_id) {
   auto s = std::make_shared<snapshot>();
   s->doc = std::move(doc);
   s->node_ip = node_ip;
+  for (const auto& p : s->doc.proxies) {
+    if (ray_node_id.empty() ? p.node_ip != node_ip : p.node_id != ray_node_id) continue;
+    s->ray_node_id = p.node_id;
+    s->ray_node_status = p.status;
+    s->ray_node_draining = p.status == "DRAINING";  // ray schema.py ProxyStatus.DRAINING
+    break;
+  }
   s->generation = generation;
   s->source = std::move(source);
 

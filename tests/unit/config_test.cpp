@@ -158,6 +158,7 @@ admin_listen: 127.0.0.2:9200
 threads: 6
 busy_poll_us: 150
 node_ip: 10.0.0.5
+ray_node_id: 6f1b2c3d4e5f
 root_path: /api
 log_level: debug
 access_log: /var/log/ingressd/access.log
@@ -216,6 +217,8 @@ grpc:
   listen: 127.0.0.1:9000
   max_concurrent_streams: 50
   health_path: /grpc.health.v1.Health/Check
+metrics:
+  ray_compatible: false
 )";
 
 TEST(ConfigYaml, EveryKeyIsParsed) {
@@ -225,6 +228,8 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
   EXPECT_EQ(cfg.threads, 6u);
   EXPECT_EQ(cfg.busy_poll_us, 150u);
   EXPECT_EQ(cfg.node_ip, "10.0.0.5");
+  EXPECT_EQ(cfg.ray_node_id, "6f1b2c3d4e5f");
+  EXPECT_FALSE(cfg.metrics.ray_compatible);
   EXPECT_EQ(cfg.root_path, "/api");
   EXPECT_EQ(cfg.level, log_level::debug);
   EXPECT_EQ(cfg.access_log, "/var/log/ingressd/access.log");
@@ -311,7 +316,7 @@ TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
       "health.fast_interval", "health.fall", "health.rise", "health.timeout", "health.error_limit",
       "drain.min_period", "drain.timeout", "tls.listen", "tls.cert_file", "tls.key_file", "tls.min_version",
       "tls.ciphers", "tls.ciphersuites", "tls.handshake_timeout", "grpc.listen", "grpc.max_concurrent_streams",
-      "grpc.health_path"};
+      "grpc.health_path", "metrics.ray_compatible", "ray_node_id"};
   EXPECT_EQ(known_key_set(), contract);
 }
 
@@ -584,6 +589,25 @@ TEST(ConfigExample, LoadsAndEqualsDefaults) {
   EXPECT_EQ(cfg, config{});
 }
 
+TEST(ConfigExample, BesideRayHaproxyClashesWithNothingRayBinds) {
+  // Issue #28 item 6: Ray's HAProxy binds 8000, 9101 (metrics) and 8404 (stats) on every node,
+  // Serve's gRPC proxy 9000 (ray haproxy.py, constants.py); the default admin port was 9101.
+  const std::string path = INGRESSD_TEST_DATA "/../../config/beside-ray-haproxy.yaml";
+  auto result = load_file(path);
+  ASSERT_TRUE(std::holds_alternative<config>(result)) << std::get<config_error>(result).message;
+  const auto& cfg = std::get<config>(result);
+  for (const std::uint16_t ray : {8000, 9000, 9101, 8404, 8265, 6379, 10001, 8500}) {
+    EXPECT_NE(cfg.listen.port, ray);
+    EXPECT_NE(cfg.admin_listen.port, ray);
+    EXPECT_NE(config{}.admin_listen.port, ray) << "the default admin port";
+    EXPECT_FALSE(usual_holder(ray).empty()) << ray << ": a bind error names what holds it";
+  }
+  EXPECT_NE(usual_holder(9101).find("HAProxy metrics"), std::string_view::npos);
+  EXPECT_NE(usual_holder(8404).find("HAProxy stats"), std::string_view::npos);
+  EXPECT_TRUE(usual_holder(8100).empty());
+  EXPECT_FALSE(cfg.topology.url.empty());
+}
+
 TEST(ConfigExample, HasEveryKeyWithAComment) {
   const std::string path = INGRESSD_TEST_DATA "/../../config/ingressd.example.yaml";
   EXPECT_EQ(yaml_leaf_keys(YAML::LoadFile(path)), known_key_set());
@@ -791,7 +815,7 @@ TEST(ConfigCli, UsageListsEveryFlagWithDefaults) {
     EXPECT_TRUE(contains(text, flag));
   }
   EXPECT_TRUE(contains(text, "default 0.0.0.0:8000"));
-  EXPECT_TRUE(contains(text, "default 127.0.0.1:9101"));
+  EXPECT_TRUE(contains(text, "default 127.0.0.1:9190"));
   EXPECT_TRUE(contains(text, "trace|debug|info|warn|error (default info)"));
   EXPECT_TRUE(contains(text, "(default off)"));
 }

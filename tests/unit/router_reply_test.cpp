@@ -49,7 +49,13 @@ TEST(RouterReply, UnsafeRequestHeadersMakeTheReplyUnusable) {
             kind::unparseable);
   EXPECT_EQ(parse_router_reply(200, R"({"replica_id":"x","request_headers":{"bad name":"v"}})").what,
             kind::unparseable);
-  EXPECT_EQ(parse_router_reply(200, R"({"replica_id":"x","request_headers":{"x-a":5}})").what, kind::unparseable);
+  // A non-string value is skipped (and counted), not the whole reply (issue #28 item 7).
+  const auto odd = parse_router_reply(200, R"({"replica_id":"x","request_headers":{"x-a":5,"x-b":"ok","x-c":null,"x-d":{"n":1}}})");
+  EXPECT_EQ(odd.what, kind::pinned);
+  EXPECT_EQ(odd.replica_id, "x");
+  ASSERT_EQ(odd.request_headers.size(), 1u);
+  EXPECT_EQ(odd.request_headers[0].first, "x-b");
+  EXPECT_EQ(odd.skipped_headers, 3u);
   EXPECT_EQ(parse_router_reply(200, R"({"replica_id":"x","request_headers":["x"]})").what, kind::unparseable);
   EXPECT_EQ(parse_router_reply(200, R"({"replica_id":"x","request_headers":null})").what, kind::pinned);
 }

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ingressd/topology/snapshot.hpp"
 #include "ingressd/topology/topology.hpp"
 
 namespace ingressd::topology {
@@ -198,6 +199,35 @@ TEST(TopologyParse, EveryMissingFieldIsNamedInOneError) {
     EXPECT_NE(e.find(where), std::string::npos) << where << " not named in: " << e;
   EXPECT_EQ(e.find("target_groups[0].targets[0].name"), std::string::npos) << "no routers: no name needed: " << e;
   EXPECT_NE(e.find("missing required fields: "), std::string::npos) << e;
+}
+
+TEST(TopologyParse, RayProxiesMapAndThisNodesDrain) {
+  // ray schema.py ServeInstanceDetails.proxies: node id -> ProxyDetails (status DRAINING while
+  // Ray drains the node), in the dashboard's document and in the exporter's.
+  for (const char* file : {"dashboard_draining.json", "exporter_draining.json"}) {
+    SCOPED_TRACE(file);
+    std::ifstream in(std::string(INGRESSD_TEST_DATA) + "/ray/" + file);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const document d = parse_ok(text);
+    ASSERT_EQ(d.proxies.size(), 2u);
+    EXPECT_EQ(parse_ok(to_json(d)), d);
+    const auto drained = topology::make_snapshot(d, "127.0.0.3", "", 1);
+    EXPECT_TRUE(drained->ray_node_draining);
+    EXPECT_EQ(drained->ray_node_status, "DRAINING");
+    EXPECT_FALSE(drained->ray_node_id.empty());
+    const auto healthy = topology::make_snapshot(d, "127.0.0.2", "", 1);
+    EXPECT_FALSE(healthy->ray_node_draining);
+    EXPECT_EQ(healthy->ray_node_status, "HEALTHY");
+    // --ray-node-id picks the entry by id, whatever the node IP.
+    const auto by_id = topology::make_snapshot(d, "10.9.9.9", "", 1, {}, nullptr, drained->ray_node_id);
+    EXPECT_TRUE(by_id->ray_node_draining);
+    EXPECT_FALSE(topology::make_snapshot(d, "10.9.9.9", "", 1)->ray_node_draining) << "no entry for this node";
+  }
+  // Entries Ray's schema may grow into, or garbage, are left out rather than failing the topology.
+  const document odd = parse_ok(R"({"target_groups": [], "proxies": {"a": 5, "b": {"node_ip": 7, "status": "HEALTHY"},
+      "c": {"node_ip": "10.0.0.1", "status": "DRAINING", "new_field": [1]}}})");
+  ASSERT_EQ(odd.proxies.size(), 1u);
+  EXPECT_EQ(odd.proxies[0].node_id, "c");
 }
 
 TEST(TopologyParse, Defaults) {

@@ -149,16 +149,34 @@ struct grpc_settings {
   bool operator==(const grpc_settings&) const = default;
 };
 
+/// What /metrics exports beside the ingressd_* families.
+struct metrics_settings {
+  /// metrics.ray_compatible: also export Ray Serve's own proxy series (ray_serve_num_http_requests_total,
+  /// ray_serve_http_request_latency_ms, ... with Ray's names, labels and buckets), so that Ray's
+  /// Serve Grafana dashboard shows ingressd's traffic unchanged.
+  bool ray_compatible = true;
+  bool operator==(const metrics_settings&) const = default;
+};
+
+/// What usually holds `port` on a Ray node ("" when nothing of Ray's does), for the error of a
+/// listener that cannot bind: Ray Serve's proxy and its HAProxy (ray python/ray/serve/_private/
+/// constants.py, haproxy.py: RAY_SERVE_HAPROXY_METRICS_PORT, RAY_SERVE_HAPROXY_STATS_PORT), the
+/// dashboard, GCS and client server (ray_constants.py).
+std::string_view usual_holder(std::uint16_t port) noexcept;
+
 struct config {
   std::string config_file;                       ///< --config (not a YAML key)
   host_port listen{"0.0.0.0", 8000};             ///< listen / --listen
-  host_port admin_listen{"127.0.0.1", 9101};     ///< admin_listen / --admin-listen
+  host_port admin_listen{"127.0.0.1", 9190};     ///< admin_listen / --admin-listen
   unsigned threads = 0;                          ///< threads / --threads (0 = number of CPUs)
   /// busy_poll_us: after a worker has run work, it polls for more without sleeping for this many
   /// microseconds before it blocks in epoll_wait (0 = off). Trades CPU for wake-up latency on VMs
   /// whose idle CPUs halt (an extension beyond the contract; docs/configuration.md).
   unsigned busy_poll_us = 0;
   std::string node_ip;                           ///< node_ip / --node-ip (contract §3.3)
+  /// ray_node_id / --ray-node-id: this node's Ray node id, to find its entry in Ray's `proxies`
+  /// map (node drain) when the node IP does not (several nodes on one IP); "" = by node IP.
+  std::string ray_node_id;
   std::string root_path;                         ///< root_path: stripped before route matching
   log_level level = log_level::info;             ///< log_level / --log-level
   std::string access_log = "off";                ///< access_log / --access-log: PATH, "-" or "off"
@@ -170,6 +188,7 @@ struct config {
   drain_settings drain;
   tls_settings tls;
   grpc_settings grpc;
+  metrics_settings metrics;
   bool operator==(const config&) const = default;
 
   /// threads with 0 resolved to the number of CPUs.

@@ -16,8 +16,8 @@
 //    control or non-ASCII byte, well-formed %XX in the path, no `.`/`..` segment, plain or
 //    percent-encoded (400);
 //  - Host: exactly one on HTTP/1.1 (at most one on 1.0), a valid uri-host[:port] (400);
-//  - methods: GET HEAD POST PUT DELETE OPTIONS PATCH are forwarded; anything else (CONNECT,
-//    TRACE, WebDAV verbs, unknown or lowercase tokens) → 501;
+//  - methods: every method token is forwarded, as Ray's proxies do (TRACE, WebDAV verbs, unknown
+//    and lowercase tokens included: methods are case-sensitive); CONNECT → 501;
 //  - header names with `_` are accepted (Ray's session header may be spelled `x_session_id`).
 #include <cstddef>
 #include <cstdint>

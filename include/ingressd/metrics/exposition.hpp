@@ -56,6 +56,13 @@ struct scrape_input {
   /// ingressd_proxy_protocol_errors_total by net::proxy_error
   std::array<std::uint64_t, net::proxy_error_count> proxy_protocol_errors{};
   std::uint64_t forwarded_chain_errors = 0;  ///< ingressd_forwarded_chain_errors_total
+  std::uint64_t router_headers_skipped = 0;  ///< ingressd_router_reply_headers_skipped_total
+  /// metrics.ray_compatible: also the ray_serve_* proxy series (request_metrics.hpp ray_series).
+  bool ray_compatible = false;
+  std::string node_ip;   ///< label node_ip_address of ray_serve_num_ongoing_*_requests
+  std::string node_id;   ///< label node_id: this node's Ray node id when known ("" otherwise)
+  std::uint64_t ongoing_http = 0;  ///< ray_serve_num_ongoing_http_requests
+  std::uint64_t ongoing_grpc = 0;  ///< ray_serve_num_ongoing_grpc_requests
   std::uint64_t access_log_dropped = 0;  ///< ingressd_access_log_dropped_total
   /// The HTTPS listener (tls.listen); nullopt without one.
   using tls_input = scrape_tls_input;

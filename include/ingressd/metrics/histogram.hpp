@@ -32,6 +32,9 @@ struct bucket_layout {
 const bucket_layout& request_buckets();
 /// Router decisions: 0.5 ms .. 10 s.
 const bucket_layout& router_buckets();
+/// Ray Serve's proxy latency buckets (ray python/ray/serve/_private/constants.py
+/// DEFAULT_LATENCY_BUCKET_MS: 1 ms .. 600 s), exposed in milliseconds.
+const bucket_layout& ray_latency_buckets();
 
 class histogram {
  public:

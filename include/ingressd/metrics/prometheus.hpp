@@ -29,7 +29,9 @@ class text_writer {
   void sample(std::string_view name, std::initializer_list<label> labels, double value);
   /// The `_bucket{...,le="..."}` (cumulative), `_sum` (seconds) and `_count` lines of a histogram
   /// series of family `name`.
-  void histogram(std::string_view name, std::initializer_list<label> labels, const histogram_data& h);
+  /// `unit`: what one second is in the exposed unit (1000 for milliseconds: bounds and sum scaled).
+  void histogram(std::string_view name, std::initializer_list<label> labels, const histogram_data& h,
+                 double unit = 1.0);
 
   const std::string& str() const& { return out_; }
   std::string str() && { return std::move(out_); }

@@ -77,6 +77,38 @@ class status_counters {
   counter other_;
 };
 
+/// metrics.ray_compatible: Ray Serve's own proxy series of one app (ray_serve_num_http_requests_total,
+/// ray_serve_num_http_error_requests_total, ray_serve_http_request_latency_ms, and the gRPC ones),
+/// so that Ray's Serve dashboard shows ingressd's traffic. One latency histogram (milliseconds)
+/// per (method, status, route), whose count is the request counter: fixed slots filled in
+/// first-seen order, like status_counters; a histogram is allocated when its slot is first used.
+/// Combinations past `capacity` are not counted in these series (ingressd_* still counts them).
+class ray_series {
+ public:
+  static constexpr std::size_t capacity = 32;
+  /// Which `route` label: the app's route prefix (its gRPC name for a gRPC app; "" for requests
+  /// that matched no app), or one of the built-in endpoints (Ray counts its probes too).
+  enum class route : std::uint8_t { app, healthz, routes };
+  /// `method`: the HTTP method, or the gRPC method path; `status`: the HTTP status, or the
+  /// grpc-status for gRPC. Owning thread only.
+  void observe(std::string_view method, unsigned status, route r, std::chrono::nanoseconds took) noexcept;
+  /// Any thread: f(method, status, route, const histogram&) per combination seen.
+  template <class F>
+  void for_each(F&& f) const {
+    const std::size_t n = used_.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i)
+      f(std::string_view(methods_[i]), static_cast<unsigned>(keys_[i] & 0xffff), static_cast<route>(keys_[i] >> 16),
+        *hists_[i]);
+  }
+
+ private:
+  // Slot i is written once, before used_ is raised past it, and never again.
+  std::array<std::uint32_t, capacity> keys_{};  // route << 16 | status
+  std::array<std::string, capacity> methods_;
+  std::array<std::unique_ptr<histogram>, capacity> hists_;
+  std::atomic<std::size_t> used_{0};
+};
+
 /// Attempt counters of one router of an app's pool.
 struct router_slot {
   router_slot(std::string k, std::string l, bool c) : key(std::move(k)), label(std::move(l)), colocated(c) {}
@@ -117,6 +149,12 @@ struct app_metrics {
   /// (1 CANCELLED when it reset the call first).
   std::array<counter, grpc::status_count> grpc_status;
   histogram grpc_duration;  ///< ingressd_grpc_request_duration_seconds
+  /// Ray's proxy series (metrics.ray_compatible), HTTP requests and gRPC calls.
+  ray_series ray_http;
+  ray_series ray_grpc;
+  /// The app's route prefix (label `route` of the Ray series), as of the last topology applied;
+  /// written by apply() and read by visit(), both under the worker_metrics lock.
+  std::string route_prefix;
 
   /// The slot of the router at `pool_index` in the app's current pool (checked against `key`;
   /// a pool that changed since the caller's snapshot is searched by key). nullptr when the

@@ -22,6 +22,9 @@ struct router_reply {
   /// Headers to set on the forwarded request (validated: token names, no CR/LF/NUL in values;
   /// framing, hop-by-hop and proxy-owned names such as Content-Length or X-Request-Id dropped).
   std::vector<std::pair<std::string, std::string>> request_headers;
+  /// request_headers members whose value was not a string: left out (the reply is still used),
+  /// logged and counted by the caller (ingressd_router_reply_headers_skipped_total).
+  unsigned skipped_headers = 0;
 };
 
 /// Interprets a complete reply. The body must be one valid JSON object (RFC 8259, checked in

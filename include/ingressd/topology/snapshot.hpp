@@ -84,6 +84,13 @@ struct app_view {
 struct snapshot {
   document doc;
   std::string node_ip;
+  /// This node's entry of Ray's `proxies` map (doc.proxies): found by `ray_node_id` when one is
+  /// configured (--ray-node-id), else by node IP. Empty id: no entry (or no map).
+  std::string ray_node_id;
+  std::string ray_node_status;
+  /// Ray is draining this node (its proxy is DRAINING): /-/healthz fails with Ray's text so that
+  /// the load balancer moves traffic away, while requests are still served.
+  bool ray_node_draining = false;
   std::vector<app_view> apps;            ///< index = app index in routes
   routing::route_table routes;
   std::optional<endpoint> fallback;      ///< fallback_targets.HTTP (apps may have their own)
@@ -127,6 +134,6 @@ std::optional<placement> remap(const snapshot& from, const placement& where, con
 std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& node_ip,
                                               const std::string& local_dial_host,
                                               std::uint64_t generation, std::string source = {},
-                                              const snapshot* previous = nullptr);
+                                              const snapshot* previous = nullptr, const std::string& ray_node_id = {});
 
 }  // namespace ingressd::topology

@@ -39,6 +39,15 @@ struct app {
 };
 
 /// A validated topology document.
+/// One entry of Ray's `proxies` map (ServeInstanceDetails.proxies, ray python/ray/serve/schema.py
+/// ProxyDetails; the exporter serves the same map): the Serve proxy of one node and its status.
+struct ray_proxy {
+  std::string node_id;
+  std::string node_ip;
+  std::string status;  ///< ProxyStatus: STARTING, HEALTHY, UNHEALTHY, DRAINING, DRAINED
+  bool operator==(const ray_proxy&) const = default;
+};
+
 struct document {
   std::vector<app> apps;                 ///< in document order
   std::optional<target> http_fallback;   ///< fallback_targets.HTTP: every app's fallback unless it has its own
@@ -50,10 +59,14 @@ struct document {
   /// False for Ray's `ServeInstanceDetails` without `target_groups`: what the dashboard answers
   /// while Serve is not running. A valid, empty topology (no apps), not an error (contract §9).
   bool serve_running = true;
+  /// Ray's `proxies` map, by node id in document order: Ray drains a node (spot interruption,
+  /// downscale) by marking its proxy DRAINING. Entries that are not objects with string fields are
+  /// left out (Ray's schema may grow), never an error.
+  std::vector<ray_proxy> proxies;
   std::vector<std::string> warnings;     ///< e.g. "... lists Serve proxies" (logged once by the caller)
   bool operator==(const document& o) const {
     return apps == o.apps && http_fallback == o.http_fallback && serve_running == o.serve_running &&
-           grpc_apps == o.grpc_apps && grpc_fallback == o.grpc_fallback;
+           grpc_apps == o.grpc_apps && grpc_fallback == o.grpc_fallback && proxies == o.proxies;
   }
 };
 
