@@ -102,7 +102,7 @@ install_missing "${need[@]}"
 [[ $(haproxy -vv 2>/dev/null) == *"Built with Lua"* ]] || { echo "this haproxy has no Lua support" >&2; exit 1; }
 HAP_VERSION=$(haproxy -v 2>/dev/null); HAP_VERSION=${HAP_VERSION%%$'\n'*}
 NGX_VERSION=$(nginx -v 2>&1); NGX_VERSION=${NGX_VERSION##*/}
-NGX_LUA_VERSION=$(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null); NGX_LUA_VERSION=${NGX_LUA_VERSION#*:}
+NGX_LUA_VERSION=$(dpkg-query -W -f='${Version}' libnginx-mod-http-lua 2>/dev/null || true); NGX_LUA_VERSION=${NGX_LUA_VERSION#*:}
 
 if [ ! -x "$INGRESSD" ]; then
   log "building ingressd (release)"

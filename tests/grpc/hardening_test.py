@@ -225,6 +225,39 @@ class HardeningTest(unittest.TestCase):
         self.assertEqual(got.get("grpc_status"), 1, got)
         self.assertEqual(got.get("termination"), "client_abort", got)
 
+    def test_proxy_protocol_on_the_grpc_listener(self):
+        """Issue #28 item 2: with client.proxy_protocol, a gRPC connection starts with a PROXY
+        header from a trusted proxy; its source is the client in the access log. A connection
+        without one is closed without a byte (no GOAWAY: it is not HTTP/2 yet) and counted."""
+        self.start(config(client={"proxy_protocol": "true", "trusted_proxies": "[127.0.0.0/8]"}), access_log=True)
+        c = self.raw()
+        c.send(b"PROXY TCP4 198.51.100.7 127.0.0.2 40001 9000\r\n")
+        c.start()
+        c.send(h.headers(1, self.request_block(UNARY)) + h.data(1, h.grpc_message(b"proxied"), True))
+        end = c.read_until(lambda f: f.sid == 1 and f.flags & h.END_STREAM, h.auto_ack(c))
+        self.assertIsNotNone(end, c.describe())
+        body = b"".join(f.payload for f in c.frames if f.type == h.DATA and f.sid == 1)
+        self.assertEqual(json.loads(body[5:])["echo"], "proxied", c.describe())
+
+        def line():
+            try:
+                with open(self.d.access_log_path) as f:
+                    lines = [json.loads(x) for x in f if x.strip()]
+            except FileNotFoundError:
+                return None
+            return lines[0] if lines else None
+        got = self.d.wait_until("the call's access log line", line)
+        self.assertEqual(got.get("client"), "198.51.100.7", got)
+
+        bare = self.raw()
+        bare.start()  # the HTTP/2 preface where the PROXY header should be
+        bare.read_to_close()
+        self.assertIn(bare.closed, ("eof", "reset"), bare.describe())
+        self.assertFalse(bare.frames, "closed without a response: %s" % bare.describe())
+        self.d.wait_until("ingressd_proxy_protocol_errors_total{reason=invalid} == 1",
+                          lambda: metric_value(self.d.metrics(), "ingressd_proxy_protocol_errors_total",
+                                               {"reason": "invalid"}) == 1)
+
     # --- 1. invalid preface --------------------------------------------------------------------
     def check_bad_preface(self, payload, what):
         self.start()
