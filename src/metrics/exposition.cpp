@@ -121,28 +121,32 @@ void render_ray(text_writer& w, const std::map<std::string, app_sum>& apps, cons
     auto status_label = [&](unsigned status) { return p.grpc ? grpc_status_label(status) : std::to_string(status); };
     // Ray's error rule: an HTTP status of 4xx or 5xx; for gRPC anything but OK.
     auto is_error = [&](unsigned status) { return p.grpc ? status != 0 : status >= 400; };
+    // f(application, route, method, status label, status, latency) for every series of this protocol.
+    auto each = [&](auto&& f) {
+      for (const auto& [app, s] : apps)
+        for (const auto& [key, h] : series(s)) {
+          const auto& [method, status, r] = key;
+          f(app, route_of(app, s, r, p.grpc), method, status_label(status), status, h);
+        }
+    };
+    using hist = histogram_data;
     w.family(p.requests, p.requests_help, "counter");
-    for (const auto& [app, s] : apps)
-      for (const auto& [key, h] : series(s)) {
-        const auto& [method, status, r] = key;
-        w.sample(p.requests, {{"application", app}, {"route", route_of(app, s, r, p.grpc)}, {"method", method},
-                              {"status_code", status_label(status)}}, h.count());
-      }
+    each([&](const std::string& app, const std::string& route, const std::string& method, const std::string& code,
+             unsigned, const hist& h) {
+      w.sample(p.requests, {{"application", app}, {"route", route}, {"method", method}, {"status_code", code}}, h.count());
+    });
     w.family(p.errors, p.errors_help, "counter");
-    for (const auto& [app, s] : apps)
-      for (const auto& [key, h] : series(s)) {
-        const auto& [method, status, r] = key;
-        if (is_error(status))
-          w.sample(p.errors, {{"application", app}, {"route", route_of(app, s, r, p.grpc)}, {"method", method},
-                              {"error_code", status_label(status)}}, h.count());
-      }
+    each([&](const std::string& app, const std::string& route, const std::string& method, const std::string& code,
+             unsigned status, const hist& h) {
+      if (is_error(status))
+        w.sample(p.errors, {{"application", app}, {"route", route}, {"method", method}, {"error_code", code}}, h.count());
+    });
     w.family(p.latency, p.latency_help, "histogram");
-    for (const auto& [app, s] : apps)
-      for (const auto& [key, h] : series(s)) {
-        const auto& [method, status, r] = key;
-        w.histogram(p.latency, {{"application", app}, {"route", route_of(app, s, r, p.grpc)}, {"method", method},
-                                {"status_code", status_label(status)}}, h, 1000.0);
-      }
+    each([&](const std::string& app, const std::string& route, const std::string& method, const std::string& code,
+             unsigned, const hist& h) {
+      w.histogram(p.latency, {{"application", app}, {"route", route}, {"method", method}, {"status_code", code}}, h,
+                  1000.0);
+    });
     w.family(p.ongoing, p.ongoing_help, "gauge");
     w.sample(p.ongoing, {{"node_id", in.node_id}, {"node_ip_address", in.node_ip}}, p.ongoing_value);
   }

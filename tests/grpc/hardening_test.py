@@ -141,6 +141,18 @@ class HardeningTest(unittest.TestCase):
                       % (what, c.timeout, c.describe()))
         return goaways[-1]
 
+    def access_log_line(self, what, match):
+        """The first access log line `match` accepts, once the daemon has written it."""
+        def line():
+            try:
+                with open(self.d.access_log_path) as f:
+                    lines = [json.loads(x) for x in f if x.strip()]
+            except FileNotFoundError:
+                return None
+            lines = [x for x in lines if match(x)]
+            return lines[0] if lines else None
+        return self.d.wait_until(what + " access log line", line)
+
     def assert_counted(self, reason, before, what):
         after = conn_errors(self.d, reason)
         self.assertIsNotNone(after, "no ingressd_grpc_connection_errors_total{reason=%r}" % reason)
@@ -212,15 +224,7 @@ class HardeningTest(unittest.TestCase):
                           lambda: metric_value(self.d.metrics(), "ingressd_grpc_active_streams") == 1)
         fut.cancel()
 
-        def line():
-            try:
-                with open(self.d.access_log_path) as f:
-                    lines = [json.loads(x) for x in f if x.strip()]
-            except FileNotFoundError:
-                return None
-            lines = [x for x in lines if x.get("app") == "stall"]
-            return lines[0] if lines else None
-        got = self.d.wait_until("the cancelled call's access log line", line)
+        got = self.access_log_line("the cancelled call's", lambda x: x.get("app") == "stall")
         self.assertEqual(got.get("status"), 499, got)
         self.assertEqual(got.get("grpc_status"), 1, got)
         self.assertEqual(got.get("termination"), "client_abort", got)
@@ -239,14 +243,7 @@ class HardeningTest(unittest.TestCase):
         body = b"".join(f.payload for f in c.frames if f.type == h.DATA and f.sid == 1)
         self.assertEqual(json.loads(body[5:])["echo"], "proxied", c.describe())
 
-        def line():
-            try:
-                with open(self.d.access_log_path) as f:
-                    lines = [json.loads(x) for x in f if x.strip()]
-            except FileNotFoundError:
-                return None
-            return lines[0] if lines else None
-        got = self.d.wait_until("the call's access log line", line)
+        got = self.access_log_line("the call's", lambda x: True)
         self.assertEqual(got.get("client"), "198.51.100.7", got)
 
         bare = self.raw()
