@@ -509,10 +509,20 @@ def live(binary):
         with open(topology_file, "w", encoding="utf-8") as f:
             json.dump(doc, f)
         with kit.FileDaemon(binary, topology_file) as proxy:
+            asked = [0]
+
             def routed():
                 status, body = proxy.request("GET", "/-/routes")
+                asked[0] += 1
                 return status == 200 and all(p in body for p in ("/echo", "/llm", "/down"))
             kit.wait_until(routed, 15, "the topology file's apps in /-/routes")
+
+            # A request is counted once its response is written: the baseline waits for the
+            # /-/routes requests above to be counted (else the last one can land after it).
+            def routes_counted():
+                return sum(v for k, v in parse(proxy.metrics())[0].items()
+                           if k[0] == "ray_serve_num_http_requests_total" and ("route", "/-/routes") in k[1]) >= asked[0]
+            kit.wait_until(routes_counted, 10, "the /-/routes requests counted before the baseline")
             baseline = proxy.metrics()
             http = {}
             for method, path, body, app, route, status, n in LIVE:
