@@ -50,19 +50,17 @@ forwarded_view evaluate_forwarded(std::string_view chain, std::string_view proto
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  std::optional<std::string_view> client;
+  std::optional<ip::address> client, farthest;
   for (auto it = elements.rbegin(); it != elements.rend(); ++it) {
-    const auto a = element_address(*it);
-    if (!a) {
+    farthest = element_address(*it);
+    if (!farthest) {
       v.malformed = true;
       v.proto = {};
       return v;  // the peer is the client
     }
-    if (!client && !net::any_contains(trusted, *a)) client = *it;
+    if (!client && !net::any_contains(trusted, *farthest)) client = farthest;
   }
-  if (!client) client = elements.front();  // all trusted: the farthest one known
-  const auto a = element_address(*client);
-  v.client_ip = a->to_string();
+  v.client_ip = (client ? *client : *farthest).to_string();  // all trusted: the farthest one known
   v.xff.clear();
   for (const auto e : elements) v.xff.append(e).append(", ");
   v.xff.append(peer_text);

@@ -429,7 +429,7 @@ std::string render(const scrape_input& in) {
            "1 while Ray drains this node (its Serve proxy is DRAINING in Ray's proxies map): /-/healthz fails, "
            "requests are still served.",
            "gauge");
-  w.sample("ingressd_ray_node_draining", {}, std::uint64_t{in.topology && in.topology->ray_node_draining ? 1u : 0u});
+  w.sample("ingressd_ray_node_draining", {}, std::uint64_t{in.topology && in.topology->ray_node_draining() ? 1u : 0u});
   if (in.ray_compatible) render_ray(w, apps, in);
   if (in.process) render_process(w, *in.process);
   return std::move(w).str();

@@ -196,7 +196,7 @@ std::string admin_server::topology_json() const {
   j["ray_node"] = nlohmann::json::object();
   j["ray_node"]["node_id"] = snap->ray_node_id.empty() ? nlohmann::json() : nlohmann::json(snap->ray_node_id);
   j["ray_node"]["status"] = snap->ray_node_status.empty() ? nlohmann::json() : nlohmann::json(snap->ray_node_status);
-  j["ray_node"]["draining"] = snap->ray_node_draining;
+  j["ray_node"]["draining"] = snap->ray_node_draining();
   j["generation"] = snap->generation;
   j["last_update"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", fmt::gmtime(std::chrono::system_clock::to_time_t(snap->updated)));
   j["source"] = snap->source;

@@ -82,8 +82,11 @@ struct call {
   std::vector<header> headers;  // the request's regular headers (metadata), in order
   std::size_t header_bytes = 0;
   std::optional<std::string> application;
-  bool grpc_content = false;  // content-type application/grpc[+...]: a gRPC call, not an HTTP request
+  bool grpc_content = false;  // content-type application/grpc[+...]
   bool started = false;  // the request head is complete (the call was dispatched)
+  /// A whole request head that is not a gRPC call (an h2-only HTTP client): refused with
+  /// HTTP_1_1_REQUIRED, logged as 505, not counted as a gRPC call.
+  bool http_request() const noexcept { return started && !grpc_content; }
   std::string request_id;
   std::optional<std::chrono::nanoseconds> timeout;
 
@@ -926,7 +929,7 @@ void grpc_hub::impl::start(const call_ptr& c) {
       flush_dirty();
     });
   }
-  if (!c->grpc_content) {
+  if (c->http_request()) {
     // Not a gRPC call: an HTTP client that offered only h2 over TLS (ALPN), or spoke HTTP/2 by
     // prior knowledge. HTTP apps are served over HTTP/1.1 (docs/grpc.md): HTTP_1_1_REQUIRED
     // (RFC 9113 §7) says so in the protocol, and clients such as curl then retry over HTTP/1.1.
@@ -1137,7 +1140,7 @@ void grpc_hub::impl::finish(const call_ptr& c, std::uint32_t error_code) {
   block->grpc_status[status].add(1);
   const auto took = clock::now() - c->start;
   block->grpc_duration.observe(took);
-  if (w.cfg().metrics.ray_compatible && (!c->started || c->grpc_content))
+  if (w.cfg().metrics.ray_compatible && !c->http_request())
     block->ray_grpc.observe(c->path, status, metrics::ray_series::route::app, took);
   if (c->why) block->generated[static_cast<std::size_t>(*c->why)].add(1);
   --streams;
@@ -1153,7 +1156,7 @@ void grpc_hub::impl::finish(const call_ptr& c, std::uint32_t error_code) {
     // HTTP status: 200 once the response began; else 505 for an HTTP request refused above, and
     // 499 (nginx's and Ray's code for a client that went away) for a call cancelled before any
     // response: there was no HTTP status to log, and 0 read as a success to log filters.
-    e.status = c->resp_started ? 200 : (c->started && !c->grpc_content) ? 505 : 499;
+    e.status = c->resp_started ? 200 : c->http_request() ? 505 : 499;
     e.grpc_status = static_cast<int>(status);
     e.bytes = c->bytes_out;
     e.duration = took;

@@ -200,11 +200,11 @@ int run(int argc, const char* const* argv) {
     const auto before = d.current_topology();
     auto snap = topology::make_snapshot(std::move(next), node.ip, cfg->topology.local_dial_host, ++generation,
                                         source, before.get(), cfg->ray_node_id);
-    if (snap->ray_node_draining && !(before && before->ray_node_draining))
+    if (snap->ray_node_draining() && !(before && before->ray_node_draining()))
       spdlog::warn("topology: Ray is draining this node (its Serve proxy {} is DRAINING): /-/healthz fails, requests "
                    "are still served",
                    snap->ray_node_id);
-    else if (!snap->ray_node_draining && before && before->ray_node_draining)
+    else if (!snap->ray_node_draining() && before && before->ray_node_draining())
       spdlog::info("topology: Ray no longer drains this node ({}): /-/healthz passes again", snap->ray_node_status);
     if (!serve_running)
       spdlog::info("topology: Serve is not running (no applications) (generation {})", snap->generation);

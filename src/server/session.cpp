@@ -559,7 +559,7 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
   if (path == "/-/healthz" && !w_.shared().health_polled.load(std::memory_order_relaxed))
     w_.shared().health_polled.store(true, std::memory_order_relaxed);
   const auto* snap = w_.snap();
-  if (draining || (snap && snap->ray_node_draining)) {
+  if (draining || (snap && snap->ray_node_draining())) {
     // Ray's own text (ray proxy.py DRAINING_MESSAGE): a SIGTERM, or Ray draining this node.
     response = http::make_response(503, "text/plain", "This node is being drained.", close, 11, head_only);
   } else if (!snap) {

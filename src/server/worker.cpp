@@ -185,13 +185,17 @@ awaitable<void> worker::admit_proxied(session::client_socket sock, listener whic
     bool timed_out = false;
   };
   auto p = std::make_shared<pending>(pending{std::move(sock)});
+  auto drop = [&] {
+    error_code ignored;
+    p->sock.close(ignored);
+    shared_.connections.fetch_sub(1, std::memory_order_relaxed);
+  };
   auto refuse = [&](net::proxy_error why, std::string_view detail) {
     stats_.proxy_protocol_errors[static_cast<std::size_t>(why)].add();
     error_code ignored;
     const auto peer = p->sock.remote_endpoint(ignored);
     spdlog::debug("PROXY header from {}: {} ({})", peer.address().to_string(), net::to_string(why), detail);
-    p->sock.close(ignored);
-    shared_.connections.fetch_sub(1, std::memory_order_relaxed);
+    drop();
   };
   error_code ec;
   const auto peer = p->sock.remote_endpoint(ec);
@@ -214,9 +218,7 @@ awaitable<void> worker::admit_proxied(session::client_socket sock, listener whic
     co_return;
   }
   if (stopping_) {
-    error_code ignored;
-    p->sock.close(ignored);
-    shared_.connections.fetch_sub(1, std::memory_order_relaxed);
+    drop();
     co_return;
   }
   hand_on(std::move(p->sock), which, got.source);

@@ -18,11 +18,6 @@ std::optional<boost::asio::ip::address> to_address(const std::string& text) {
   return a;
 }
 
-std::string key_of(const target& t) {
-  // IPv6 literals need brackets, otherwise the port is indistinguishable from the address.
-  if (t.ip.find(':') != std::string::npos) return "[" + t.ip + "]:" + std::to_string(t.port);
-  return t.ip + ":" + std::to_string(t.port);
-}
 
 class resolver {
  public:
@@ -102,7 +97,6 @@ std::shared_ptr<const snapshot> make_snapshot(document doc, const std::string& n
     if (ray_node_id.empty() ? p.node_ip != node_ip : p.node_id != ray_node_id) continue;
     s->ray_node_id = p.node_id;
     s->ray_node_status = p.status;
-    s->ray_node_draining = p.status == "DRAINING";  // ray schema.py ProxyStatus.DRAINING
     break;
   }
   s->generation = generation;

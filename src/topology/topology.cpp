@@ -281,9 +281,7 @@ target parse_target(const json& v, const std::string& where, target_kind kind) {
     if (t.name.empty()) fail(where + ".name", "must not be empty");
   } else {
     t.name = optional_string(v, "name", where);
-    if (t.name.empty() && kind == target_kind::replica)
-      t.name = t.ip.find(':') != std::string::npos ? "[" + t.ip + "]:" + std::to_string(t.port)
-                                                   : t.ip + ":" + std::to_string(t.port);
+    if (t.name.empty() && kind == target_kind::replica) t.name = key_of(t);
   }
   return t;
 }
@@ -482,6 +480,12 @@ document parse_tree(const json& root) {
 }
 
 }  // namespace
+
+std::string key_of(const target& t) {
+  // IPv6 literals need brackets, otherwise the port is indistinguishable from the address.
+  if (t.ip.find(':') != std::string::npos) return "[" + t.ip + "]:" + std::to_string(t.port);
+  return t.ip + ":" + std::to_string(t.port);
+}
 
 std::string normalise_prefix(std::string_view prefix) {
   while (prefix.size() > 1 && prefix.back() == '/') prefix.remove_suffix(1);

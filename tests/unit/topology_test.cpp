@@ -212,16 +212,16 @@ TEST(TopologyParse, RayProxiesMapAndThisNodesDrain) {
     ASSERT_EQ(d.proxies.size(), 2u);
     EXPECT_EQ(parse_ok(to_json(d)), d);
     const auto drained = topology::make_snapshot(d, "127.0.0.3", "", 1);
-    EXPECT_TRUE(drained->ray_node_draining);
+    EXPECT_TRUE(drained->ray_node_draining());
     EXPECT_EQ(drained->ray_node_status, "DRAINING");
     EXPECT_FALSE(drained->ray_node_id.empty());
     const auto healthy = topology::make_snapshot(d, "127.0.0.2", "", 1);
-    EXPECT_FALSE(healthy->ray_node_draining);
+    EXPECT_FALSE(healthy->ray_node_draining());
     EXPECT_EQ(healthy->ray_node_status, "HEALTHY");
     // --ray-node-id picks the entry by id, whatever the node IP.
     const auto by_id = topology::make_snapshot(d, "10.9.9.9", "", 1, {}, nullptr, drained->ray_node_id);
-    EXPECT_TRUE(by_id->ray_node_draining);
-    EXPECT_FALSE(topology::make_snapshot(d, "10.9.9.9", "", 1)->ray_node_draining) << "no entry for this node";
+    EXPECT_TRUE(by_id->ray_node_draining());
+    EXPECT_FALSE(topology::make_snapshot(d, "10.9.9.9", "", 1)->ray_node_draining()) << "no entry for this node";
   }
   // Entries Ray's schema may grow into, or garbage, are left out rather than failing the topology.
   const document odd = parse_ok(R"({"target_groups": [], "proxies": {"a": 5, "b": {"node_ip": 7, "status": "HEALTHY"},

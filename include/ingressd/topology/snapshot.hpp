@@ -88,9 +88,10 @@ struct snapshot {
   /// configured (--ray-node-id), else by node IP. Empty id: no entry (or no map).
   std::string ray_node_id;
   std::string ray_node_status;
-  /// Ray is draining this node (its proxy is DRAINING): /-/healthz fails with Ray's text so that
-  /// the load balancer moves traffic away, while requests are still served.
-  bool ray_node_draining = false;
+  /// Ray is draining this node (its proxy is DRAINING, ray schema.py ProxyStatus): /-/healthz
+  /// fails with Ray's text so that the load balancer moves traffic away, while requests are still
+  /// served.
+  bool ray_node_draining() const noexcept { return ray_node_status == "DRAINING"; }
   std::vector<app_view> apps;            ///< index = app index in routes
   routing::route_table routes;
   std::optional<endpoint> fallback;      ///< fallback_targets.HTTP (apps may have their own)

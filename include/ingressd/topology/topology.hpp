@@ -89,4 +89,8 @@ std::string to_json(const document& doc);
 /// Normalises a route prefix: "" -> "/", trailing slashes removed except for "/".
 std::string normalise_prefix(std::string_view prefix);
 
+/// A target's "ip:port" ("[ipv6]:port"): the key of its upstream state, pool and metrics, and
+/// the name of a target a hand-written topology leaves unnamed.
+std::string key_of(const target& t);
+
 }  // namespace ingressd::topology
