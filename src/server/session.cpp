@@ -21,7 +21,6 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "ingressd/core/quiet_wait.hpp"
 #include "ingressd/core/scope.hpp"
 #include "ingressd/core/socket_io.hpp"
 #include "ingressd/http/message.hpp"
@@ -110,10 +109,7 @@ void session::start_watch() {
 }
 
 void session::arm_watch() {
-  // Without epoll_ctl when the client socket was drained in this reactor turn (quiet_wait.hpp):
-  // on the plain path the head was read by the same handler that sent it upstream.
-  quiet_wait_read(w_.ioc(), sock_, tls_ ? ~std::uint64_t{0} : drained_turn_,
-                  [self = shared_from_this()](error_code ec) { self->on_watch(ec); });
+  sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) { self->on_watch(ec); });
 }
 
 void session::on_watch(error_code ec) {
@@ -138,7 +134,6 @@ void session::on_watch(error_code ec) {
         continue;
       }
       if (r == client_read::wait_read) {
-        drained_turn_ = reactor_turn();  // EAGAIN (plain; TLS never waits quietly)
         arm_watch();
         return;
       }
@@ -481,7 +476,7 @@ void session::when_readable(Handler&& h) {
     asio::post(w_.ioc(), [h = std::forward<Handler>(h)]() mutable { h(error_code{}); });
     return;
   }
-  quiet_wait_read(w_.ioc(), sock_, tls_ ? ~std::uint64_t{0} : drained_turn_, std::forward<Handler>(h));
+  sock_.async_wait(tcp::socket::wait_read, std::forward<Handler>(h));
 }
 
 void session::on_idle_ready(error_code ec) {
@@ -582,10 +577,7 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
 
 bool session::head_now(http::bounded_buffer& in, error_code& ec) {
   // Readiness (or a pipelined request) brought us here, so the head is nearly always there.
-  bool drained = false;
-  const bool done = client([&](auto& s) { return parse_now(s, in, in.max_size(), *parser_, false, ec, &drained); });
-  if (drained) drained_turn_ = reactor_turn();
-  return done;
+  return client([&](auto& s) { return parse_now(s, in, in.max_size(), *parser_, false, ec); });
 }
 
 std::string session::head_error_response(error_code ec) {

@@ -257,9 +257,7 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   // a client that goes away is noticed at once (even during a long prefill) and the upstream is
   // closed. When the request ends on a keep-alive connection with nothing buffered, the pending
   // wait is parked and becomes the idle wait: one epoll_ctl per request, where a watch read
-  // (EAGAIN) and then a new idle wait made two system calls. That epoll_ctl (Asio re-arms the
-  // registration for every readiness wait) is skipped when the head read in the same reactor
-  // turn drained the socket: the plain path, usually (quiet_wait.hpp).
+  // (EAGAIN) and then a new idle wait made two system calls.
   void start_watch();
   void arm_watch();
   /// One read from the client that never waits (plain or TLS): bytes into `room` (`got`), or what
@@ -343,9 +341,6 @@ class session : public std::enable_shared_from_this<session>, public session_hoo
   bool aborted_ = false;
   watch watch_ = watch::off;
   bool client_gone_ = false;
-  /// reactor_turn() when a read last took all the client socket held (plain only): a readiness
-  /// wait started in that same turn needs no epoll_ctl (quiet_wait.hpp).
-  std::uint64_t drained_turn_ = ~std::uint64_t{0};
   /// Present from the start of a request until the connection goes idle (worker's spares).
   std::unique_ptr<request_scratch> rq_;
 };
@@ -383,9 +378,11 @@ struct request_state {
   topology::in_flight_mark load;
   clock::time_point sent_at;
   std::optional<http::relay_response_parser> rp;
-  /// reactor_turn() when a read last found the replica socket empty (a short read or EAGAIN): a
-  /// readiness wait started in that turn needs no epoll_ctl, and a read would fail (quiet_wait.hpp).
-  std::uint64_t up_drained = ~std::uint64_t{0};
+  /// The last read took all the replica socket held (a short read or EAGAIN) and no readiness
+  /// wait has completed since: the next read would most likely fail with EAGAIN, so the relay
+  /// waits for readability first (nginx's `ready` flag). Always safe: the wait re-arms the
+  /// registration, so bytes or a FIN that came meanwhile complete it at once.
+  bool up_empty = false;
   bool chunked_out = false;  ///< the response goes to the client chunked (finish_response_head)
   session::outcome result = session::outcome::close;  ///< set by the stage that ended it
 };

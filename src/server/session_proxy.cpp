@@ -7,7 +7,6 @@
 #include <boost/container/small_vector.hpp>
 #include <spdlog/spdlog.h>
 
-#include "ingressd/core/quiet_wait.hpp"
 #include "ingressd/core/scope.hpp"
 #include "ingressd/core/socket_io.hpp"
 #include "ingressd/http/forwarded.hpp"
@@ -45,11 +44,10 @@ awaitable<session::outcome> session::proxy(std::size_t app_index, std::string ta
   }
 
   if (router_decides(rs)) {
-    // The client watch (read_response_head) starts before the router call when that costs no
-    // epoll_ctl: the head read drained the socket in this reactor turn (quiet_wait.hpp), and the
-    // whole body is buffered, so that no body read on the client meets the watch's reads. serve()
-    // ends it if the request ends before read_response_head.
-    if (!tls_ && known_empty(sock_, drained_turn_) && !rs.expect_continue && body_buffered()) start_watch();
+    // The client watch (read_response_head) starts before the router call when the whole body is
+    // buffered, so that no body read on the client meets the watch's reads: a client that leaves
+    // during the call is seen. serve() ends it if the request ends before read_response_head.
+    if (!tls_ && !rs.expect_continue && body_buffered()) start_watch();
     if (co_await decide_route(rs) == step::done) co_return rs.result;
     if (client_gone_) co_return outcome::close;  // left during the router call: ask no replica
   }
@@ -332,8 +330,8 @@ awaitable<session::step> session::read_response_head(request_state& rs) {
     if (timed_out(phase::first_byte) || client_gone_ || aborted_) ec = asio::error::operation_aborted;
     else if (!parse_now(rs.lease->sock, rs.lease->buf, relay_size, rp, false, ec, &drained))
       std::tie(ec, std::ignore) = co_await bhttp::async_read_header(rs.lease->sock, rs.lease->buf, rp, nothrow);
-    else if (drained)
-      rs.up_drained = reactor_turn();
+    else
+      rs.up_empty = drained;
     if (ec) {
       co_await stop_watch();
       if (aborted_) co_return finish(rs, outcome::close);
@@ -443,10 +441,9 @@ awaitable<session::step> session::relay_response(request_state& rs) {
       // already buffered, else on its own at once (TTFT).
       if (rp.body_left() == relay_size && !read_ec && head_sent && !rp.is_done()) {
         arm(cfg.upstream.idle_timeout, phase::stream);
-        // The next piece is read here (body_now). When the socket is empty, the coroutine waits
-        // for readability: without an epoll_ctl when the socket was found empty in this reactor
-        // turn (quiet_wait.hpp), and never by a recv that fails with EAGAIN, as Beast's read
-        // starts: one system call less per relayed event of a token stream.
+        // The next piece is read here (body_now). When the last read took all the socket held,
+        // the coroutine waits for readability first instead of trying a recv that fails with
+        // EAGAIN, as Beast's read starts: one system call less per relayed event of a token stream.
         for (;;) {
           const auto r = body_now(rs, read_ec);
           if (r == piece_read::parsed || read_ec) break;
@@ -455,7 +452,8 @@ awaitable<session::step> session::relay_response(request_state& rs) {
             if (read_ec == bhttp::error::need_buffer) read_ec = {};
             break;
           }
-          auto [wec] = co_await quiet_readable(w_.ioc(), rs.lease->sock, rs.up_drained, nothrow);
+          auto [wec] = co_await rs.lease->sock.async_wait(tcp::socket::wait_read, nothrow);
+          rs.up_empty = false;
           if (wec) {
             read_ec = wec;
             break;
@@ -503,11 +501,9 @@ session::piece_read session::body_now(request_state& rs, error_code& ec) {
   // header): the read appends to them. A buffer that holds a whole relay window is Beast's
   // (its read stops an endless chunk-size line at the cap).
   if (c.buf.size() >= relay_size) return piece_read::beast;
-  // Skipped when the socket was found empty in this reactor turn: it would fail with EAGAIN.
-  if (known_empty(c.sock, rs.up_drained)) return piece_read::wait;
-  bool drained = false;
-  const auto n = fill_now(c.sock, c.buf, relay_size, ec, &drained);
-  if (drained) rs.up_drained = reactor_turn();
+  // Skipped when the last read took all the socket held: it would most likely fail with EAGAIN.
+  if (rs.up_empty) return piece_read::wait;
+  const auto n = fill_now(c.sock, c.buf, relay_size, ec, &rs.up_empty);
   if (n == 0) return piece_read::beast;  // EOF: Beast's read ends the body or reports it cut
   if (n < 0) return piece_read::wait;    // or `ec`
   http::put_buffered(*rs.rp, c.buf, ec);

@@ -243,8 +243,8 @@ router_behaviour slow_router() {
   return b;
 }
 
-// The client watch starts before the router call when the head read drained the socket in the
-// same reactor turn (quiet_wait.hpp): bytes that arrive during the call must still be seen.
+// The client watch starts before the router call when the whole body is buffered: bytes that
+// arrive during the call must still be seen.
 TEST(RouterPath, RequestPipelinedDuringTheRouterCallIsServed) {
   one_router_app t(slow_router());
   auto& p = t.p;

@@ -542,7 +542,7 @@ struct piecewise_replica {
   std::uint16_t port() const { return acc.local_endpoint().port(); }
 };
 
-// The relay reads each piece when the replica socket becomes readable (body_now, quiet_wait.hpp);
+// The relay reads each piece when the replica socket becomes readable (body_now, session::up_empty);
 // EOF goes to Beast's read, which ends a body delimited by the close and cuts any other.
 TEST(Streaming, ReplicaBodyInPiecesIsRelayedWholeWhetherItEndsByLengthOrByClose) {
   const std::vector<std::string> events{"data: t1\n\n", "data: t2\n\n", "data: t3\n\n"};

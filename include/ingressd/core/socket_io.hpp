@@ -85,7 +85,7 @@ inline auto after_ready_handlers(asio::io_context& ioc) { return asio::post(ioc,
 /// bytes; at least 512 bytes asked, `cap` in all at most): the bytes read, 0 at EOF, -1 when
 /// nothing is there yet (`ec` clear) or on an error (`ec`; plain sockets only: a TLS stream's
 /// recv_now leaves errno unspecified). `drained` (when given) is set when the read took everything the socket held: fewer
-/// bytes than asked for, or nothing yet (see quiet_wait.hpp).
+/// bytes than asked for, or nothing yet (the relay then waits for readability before reading again).
 template <class Socket, class Buffer>
 std::ptrdiff_t fill_now(Socket& s, Buffer& buf, std::size_t cap, error_code& ec, bool* drained = nullptr) {
   const std::size_t have = buf.size();
@@ -111,7 +111,7 @@ std::ptrdiff_t fill_now(Socket& s, Buffer& buf, std::size_t cap, error_code& ec,
 /// bytes are not all there (nothing yet, EOF or an error: the read operation that follows finds
 /// and reports it). Used where the bytes are nearly always there: a request head that readiness
 /// brought, a reply after after_ready_handlers. `drained` (when given) is set when the read took
-/// everything the socket held: fewer bytes than asked for (see quiet_wait.hpp).
+/// everything the socket held: fewer bytes than asked for.
 template <class Socket, class Buffer, class Parser>
 bool parse_now(Socket& s, Buffer& buf, std::size_t cap, Parser& p, bool whole, error_code& ec,
                bool* drained = nullptr) {
