@@ -9,7 +9,7 @@
 
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http/error.hpp>
-#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/buffer_body.hpp>
 
 #include "ingressd/core/text.hpp"
 #include "ingressd/http/parse_guards.hpp"
@@ -399,78 +399,76 @@ bool malformed_chunk_line(std::string_view pending) noexcept {
   }
 }
 
+head_verdict judge_head(const boost::system::error_code& ec, int skips, std::string_view raw, std::string_view pending,
+                        std::size_t header_limit, const bhttp::request_header<>& req) noexcept {
+  using kind = head_verdict::kind;
+  // Empty lines before the request line are ignored (RFC 9112 §2.2, hardening D12), a few only.
+  if (ec == bhttp::error::bad_method && skips < 8)
+    if (const auto n = leading_empty_lines(pending); n > 0) return {kind::skip, n, 0, {}};
+  if (ec) return {kind::refuse, 0, status_for_head_error(ec, raw, pending, header_limit), {}};
+  if (const auto v = check_request_head(raw, req); !v.ok()) return {kind::refuse, 0, v.status, v.why};
+  if (req.version() != 11 && req.version() != 10) return {kind::refuse, 0, 505, {}};
+  if (req.target().empty() || req.target().front() != '/') return {kind::refuse, 0, 400, {}};
+  return {};
+}
+
+verdict body_error_verdict(const boost::system::error_code& ec) noexcept {
+  if (ec == bhttp::error::body_limit) return {413, {}};
+  if (ec == bhttp::error::bad_chunk_extension) return {400, "malformed chunk extension"};
+  return {400, {}};
+}
+
 evaluation evaluate_request(std::string_view bytes, std::size_t header_limit, std::uint64_t body_limit) {
   evaluation ev;
-  std::size_t off = 0;
-  std::optional<guarded_parser<true, bhttp::string_body>> p;
+  boost::beast::flat_buffer buf;
+  buf.commit(boost::asio::buffer_copy(buf.prepare(bytes.size()), boost::asio::buffer(bytes.data(), bytes.size())));
+  std::optional<guarded_parser<true, bhttp::buffer_body>> parser;
   // Only guarded_parser stands between an over-long field and a length_error from the parser;
-  // report one loudly. False when it was thrown.
-  auto put = [&](std::string_view in, boost::system::error_code& ec, std::size_t& used) {
-    try {
-      used = p->put(boost::asio::buffer(in.data(), in.size()), ec);
-      return true;
-    } catch (const std::length_error&) {
-      ev.status = 0xdead;
-      ev.why = "parser threw length_error";
-      return false;
-    }
-  };
-  for (int attempt = 0;; ++attempt) {
-    p.emplace();
-    p->header_limit(static_cast<std::uint32_t>(header_limit));
-    p->body_limit(body_limit);
-    auto in = bytes.substr(off);
-    boost::system::error_code ec;
-    std::size_t used = 0;
-    if (!put(in, ec, used)) return ev;
-    if (ec == bhttp::error::need_more) return ev;
-    if (ec == bhttp::error::bad_method && attempt < 8) {
-      if (auto skip = leading_empty_lines(in); skip > 0) {
-        off += skip;
+  // report one loudly.
+  try {
+    for (int skips = 0;; ++skips) {
+      auto& p = parser.emplace();
+      p.header_limit(static_cast<std::uint32_t>(header_limit));
+      p.body_limit(body_limit);
+      const std::string_view in = pending(buf);
+      boost::system::error_code ec;
+      const std::size_t used = p.put(boost::asio::buffer(in.data(), in.size()), ec);
+      if (ec == bhttp::error::need_more) return ev;  // the head is not all there yet
+      const auto v = judge_head(ec, skips, in.substr(0, used), in.substr(used), header_limit, p.get());
+      if (v.what == head_verdict::kind::skip) {
+        buf.consume(v.skip);
         continue;
       }
-    }
-    if (ec) {
-      ev.status = status_for_head_error(ec, in.substr(0, used), in.substr(used), header_limit);
-      ev.why = "refused by the parser";
-      return ev;
-    }
-    ev.head_complete = true;
-    auto v = check_request_head(in.substr(0, used), p->get());
-    if (!v.ok()) {
-      ev.status = v.status;
-      ev.why = v.why;
-      return ev;
-    }
-    off += used;
-    break;
-  }
-  p->eager(true);
-  while (!p->is_done()) {
-    auto in = bytes.substr(off);
-    boost::system::error_code ec;
-    std::size_t used = 0;
-    if (!put(in, ec, used)) return ev;
-    off += used;
-    if (ec == bhttp::error::need_more) {
-      // As the session's read_body_some(): a whole chunk line that Beast cannot decide is bad.
-      if (p->chunked() && malformed_chunk_line(bytes.substr(off))) {
-        ev.status = 400;
-        ev.why = "malformed chunk extension";
+      ev.head_complete = !ec;
+      if (v.what == head_verdict::kind::refuse) {
+        ev.status = v.status;
+        ev.why = v.why.empty() ? std::string_view("refused by the parser") : v.why;
         return ev;
       }
+      buf.consume(used);
       break;
     }
-    if (ec) {
-      // As the session's body_error(): too large → 413, anything else → 400.
-      ev.status = ec == bhttp::error::body_limit ? 413 : 400;
-      ev.why = "refused by the parser (body)";
-      return ev;
+    auto& p = *parser;
+    std::array<char, 4096> window;
+    while (!p.is_done()) {
+      p.get().body().data = window.data();
+      p.get().body().size = window.size();
+      boost::system::error_code ec;
+      if (!body_from_buffer(p, buf, header_limit, ec)) break;  // waits for more bytes
+      if (ec && ec != bhttp::error::need_buffer) {
+        const auto v = body_error_verdict(ec);
+        ev.status = v.status;
+        ev.why = v.why.empty() ? std::string_view("refused by the parser (body)") : v.why;
+        return ev;
+      }
     }
-    if (used == 0) break;
+  } catch (const std::length_error&) {
+    ev.status = 0xdead;
+    ev.why = "parser threw length_error";
+    return ev;
   }
-  ev.complete = p->is_done();
-  ev.consumed = off;
+  ev.complete = parser->is_done();
+  ev.consumed = bytes.size() - buf.size();
   return ev;
 }
 

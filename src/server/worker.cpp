@@ -12,7 +12,7 @@
 #include "ingressd/core/scope.hpp"
 #include "server/grpc_proxy.hpp"
 #include "server/proxy_header.hpp"
-#include "server/session.hpp"
+#include "proxy/http1/connection.hpp"
 
 namespace ingressd::server {
 
@@ -123,7 +123,7 @@ awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, listener which) {
   registration<asio::steady_timer> reg(accept_timers_[static_cast<std::size_t>(which)], backoff_timer);
   accept_backoff backoff;
   while (acceptor.is_open()) {
-    auto [ec, sock] = co_await acceptor.async_accept(ioc_, nothrow);  // typed executor: see session.hpp
+    auto [ec, sock] = co_await acceptor.async_accept(ioc_, nothrow);  // typed executor: see connection.hpp
     // Then what else the listen queue holds, without waiting (the listener is non-blocking): one
     // wake-up takes a burst, as HAProxy and nginx's multi_accept do, instead of one event-loop turn
     // per connection while the others wait in the kernel's queue, where no timeout or metric sees
@@ -150,7 +150,7 @@ awaitable<void> worker::accept_loop(tcp::acceptor& acceptor, listener which) {
   }
 }
 
-void worker::admit(session::client_socket sock, listener which) {
+void worker::admit(connection::client_socket sock, listener which) {
   auto open = shared_.connections.fetch_add(1, std::memory_order_relaxed) + 1;
   if (open > cfg_->client.max_connections) {
     shared_.connections.fetch_sub(1, std::memory_order_relaxed);
@@ -166,22 +166,22 @@ void worker::admit(session::client_socket sock, listener which) {
   hand_on(std::move(sock), which, std::nullopt);
 }
 
-void worker::hand_on(session::client_socket sock, listener which, std::optional<tcp::endpoint> client) {
+void worker::hand_on(connection::client_socket sock, listener which, std::optional<tcp::endpoint> client) {
   if (which == listener::grpc) {
     grpc_->accept(std::move(sock), nullptr, client ? net::unmapped(client->address()).to_string() : std::string());
     return;
   }
-  auto s = std::make_shared<session>(*this, std::move(sock), which == listener::tls ? tls_ctx_->native() : nullptr,
+  auto s = std::make_shared<connection>(*this, std::move(sock), which == listener::tls ? tls_ctx_->native() : nullptr,
                                      client);
-  add_session(*s);
+  add_connection(*s);
   s->start();
 }
 
-awaitable<void> worker::admit_proxied(session::client_socket sock, listener which) {
+awaitable<void> worker::admit_proxied(connection::client_socket sock, listener which) {
   // Held by the deadline's handler too, which may run after this coroutine has handed the
   // socket on (then it cancels nothing).
   struct pending {
-    session::client_socket sock;
+    connection::client_socket sock;
     bool timed_out = false;
   };
   auto p = std::make_shared<pending>(pending{std::move(sock)});
@@ -249,7 +249,7 @@ awaitable<void> worker::sweep_loop() {
 }
 
 awaitable<void> worker::idle_loop() {
-  // Keep-alive timeouts of idle connections: one sweep over this worker's sessions instead of
+  // Keep-alive timeouts of idle connections: one sweep over this worker's connections instead of
   // a pending timer operation per idle connection. Ticks at an eighth of the timeout (10 ms to
   // 1 s), so a connection closes at most that much after its keep-alive deadline.
   asio::steady_timer t(ioc_);
@@ -261,14 +261,14 @@ awaitable<void> worker::idle_loop() {
     co_await t.async_wait(nothrow);
     if (stopping_) break;
     const auto now = std::chrono::steady_clock::now();
-    for (auto it = sessions_.begin(); it != sessions_.end();) {
-      session& s = *it++;  // closing does not unlink now (the session lives until its handlers run)
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      connection& s = *it++;  // closing does not unlink now (the connection lives until its handlers run)
       s.expire_idle(now, keepalive);
     }
   }
 }
 
-void worker::add_session(session& s) { sessions_.push_back(s); }
+void worker::add_connection(connection& s) { connections_.push_back(s); }
 
 void worker::hand_to_grpc(asio::basic_stream_socket<tcp, executor> sock, std::unique_ptr<tls::stream> tls,
                           std::string remote) {
@@ -294,10 +294,11 @@ void worker::give_scratch(std::unique_ptr<request_scratch> s) {
   // client.max_connections bounds, and trim_spare_scratch() returns them after the peak.
   if (!s) return;
   // Keep what a typical request reuses; a large body prefix is not worth holding on to.
-  s->head.clear();
+  s->client_head.clear();
+  s->request_head.clear();
+  s->response_head.clear();
   if (s->prebody.capacity() > 4096) std::string().swap(s->prebody);
   s->prebody.clear();
-  s->watch_done.cancel();
   for (auto& t : s->router_timers) t.cancel();
   s->hedge_done.cancel();
   spare_scratch_.push_back(std::move(s));
@@ -428,7 +429,7 @@ void worker::stop_accepting() {
 }
 
 void worker::close_idle() {
-  for (auto& s : sessions_) s.close_if_idle();
+  for (auto& s : connections_) s.close_if_idle();
   pool_.close_all();
   grpc_->drain();
 }
@@ -436,7 +437,7 @@ void worker::close_idle() {
 void worker::abort_all() {
   stopping_ = true;
   stop_accepting();
-  for (auto& s : sessions_) s.abort();
+  for (auto& s : connections_) s.abort();
   pool_.close_all();
   grpc_->abort_all();
   if (sweep_timer_) sweep_timer_->cancel();

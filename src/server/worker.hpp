@@ -1,6 +1,6 @@
 #pragma once
 // A worker: one thread, one io_context, its own SO_REUSEPORT listener, and everything its
-// sessions touch (per-app cursors and load counters, upstream connection pools). Nothing in a
+// connections touch (per-app cursors and load counters, upstream connection pools). Nothing in a
 // worker is shared with another thread except through `shared_state` (atomics) and immutable
 // snapshots posted to it.
 #include <algorithm>
@@ -97,7 +97,7 @@ struct worker_stats {
   counter active_connections;
   counter active_streams;
   // The HTTPS listener (tls.listen): requests whose head was read over TLS, open TLS
-  // connections, handshakes done (and how many resumed a session), and failed ones by reason.
+  // connections, handshakes done (and how many resumed a connection), and failed ones by reason.
   counter tls_requests;
   counter tls_connections;
   counter tls_handshakes;
@@ -130,10 +130,10 @@ struct app_state {
   std::vector<routing::hedge_delay> router_latency;
 };
 
-class session;
+class connection;
 class grpc_hub;
 struct request_scratch;
-using session_hook = boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
+using connection_hook = boost::intrusive::list_base_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>;
 
 /// Bytes relayed per read on a stream (each direction): the worker's relay window, and the
 /// per-stream buffer that holds what a slow client has not taken yet (hardening H4).
@@ -166,7 +166,7 @@ class worker {
   void abort_all();    ///< hard stop: close every connection
   asio::io_context& ioc() { return ioc_; }
 
-  // --- Used by sessions (same thread) ---
+  // --- Used by connections (same thread) ---
   const config::config& cfg() const { return *cfg_; }
   /// The config new requests start with; a request keeps the one it started with (SIGHUP).
   const std::shared_ptr<const config::config>& cfg_ptr() const { return cfg_; }
@@ -188,7 +188,7 @@ class worker {
   shared_state& shared() { return shared_; }
   /// Passive health (health.error_limit = `limit`, 0 = off): one more consecutive connection error
   /// to `ep` (refused, timed out, lost before a response head); the limit reached marks it down on
-  /// every worker. Used by the HTTP sessions and the gRPC calls alike.
+  /// every worker. Used by the HTTP connections and the gRPC calls alike.
   void note_upstream_error(const topology::endpoint& ep, std::string_view what, unsigned limit);
   /// The hard stop has begun (abort_all).
   bool stopping() const { return stopping_; }
@@ -206,7 +206,7 @@ class worker {
   /// A fresh request id (UUID-4 text) from this worker's generator; by value, no allocation.
   std::array<char, 36> next_request_id();
   /// Request scratch (heads, body prefix, relay buffer, per-request timers, access-log record)
-  /// that sessions gave back when they went idle, for the next request on this worker: an idle
+  /// that connections gave back when they went idle, for the next request on this worker: an idle
   /// connection holds none, and a busy worker does not allocate it per request (the 16 KiB relay
   /// buffer would take glibc's slow path every time). The spares follow the load: as many as
   /// requests in flight needed at their peak, trimmed once a second by trim_spare_scratch().
@@ -218,24 +218,24 @@ class worker {
   void trim_spare_scratch();
   /// The worker's relay window: relay_size bytes that a response's body pieces pass through on
   /// their way to the client. It is valid only until the using coroutine suspends: a piece the
-  /// client does not take at once is copied to the request's own buffer first (session.cpp,
+  /// client does not take at once is copied to the request's own buffer first (exchange.cpp,
   /// relay loop). One window per worker instead of a buffer per stream: ~4 KiB less resident
   /// per open SSE stream, and the same cache lines for every response.
   unsigned char* relay_window() { return relay_window_.get(); }
   bool healthy() const;  ///< topology loaded and (no apps, or some app has a healthy replica or fallback)
 
-  void add_session(session& s);
+  void add_connection(connection& s);
   /// A TLS connection whose ALPN chose h2 (gRPC over the HTTPS listener): served as gRPC.
   void hand_to_grpc(asio::basic_stream_socket<tcp, executor> sock, std::unique_ptr<tls::stream> tls,
                     std::string remote);
-  std::size_t session_count() const { return sessions_.size(); }
+  std::size_t connection_count() const { return connections_.size(); }
 
  private:
   void event_loop();  // run(), with busy_poll_us spinning
   awaitable<void> accept_loop(tcp::acceptor& acceptor, listener which);
   /// At most this many connections are accepted per wake-up of a listener (then others run).
   static constexpr unsigned accept_batch = 32;
-  /// A new client connection: a session, or a reset when client.max_connections are open.
+  /// A new client connection: a connection, or a reset when client.max_connections are open.
   void admit(asio::basic_stream_socket<tcp, asio::io_context::executor_type> sock, listener which);
   /// client.proxy_protocol: reads the connection's PROXY header, then hands it on as admit()
   /// does, with the header's source as the client.
@@ -272,10 +272,10 @@ class worker {
   asio::steady_timer* idle_timer_ = nullptr;   // lives in idle_loop's frame; cancelled on stop
   // Accept back-offs, in the accept loops' frames (plain, TLS); cancelled on stop.
   std::array<asio::steady_timer*, 3> accept_timers_{};
-  boost::intrusive::list<session, boost::intrusive::base_hook<session_hook>,
-                         boost::intrusive::constant_time_size<false>> sessions_;
-  // Declared last so it is destroyed first: session coroutines still pending at destruction are
-  // destroyed while the stats, loads and session list they touch are alive.
+  boost::intrusive::list<connection, boost::intrusive::base_hook<connection_hook>,
+                         boost::intrusive::constant_time_size<false>> connections_;
+  // Declared last so it is destroyed first: connection coroutines still pending at destruction are
+  // destroyed while the stats, loads and connection list they touch are alive.
   // One thread runs it and only that thread touches its sockets: the reactor needs no locks.
   // Posts from other threads (topology, admin) still go through the scheduler's lock.
   asio::io_context ioc_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};

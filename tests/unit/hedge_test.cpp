@@ -123,4 +123,125 @@ TEST(HedgeAfter, OnlyPoolsOfTwoOrMoreWithABudgetHedge) {
   EXPECT_EQ(hedge_after(false, {}, 100, 2, est), std::nullopt);  // off
 }
 
+// The race of one routing decision: every order of its events, and what the session is told.
+using race = ingressd::routing::hedge_race;
+
+/// A budget that allows every hedge (100 %, one call made).
+hedge_budget open_budget(clock_type::time_point t) {
+  hedge_budget b(1000);
+  b.call(t);
+  return b;
+}
+
+TEST(HedgeRace, NothingPlannedNothingSent) {
+  race r;
+  auto b = open_budget({});
+  EXPECT_EQ(r.due(b, {}), race::launch::none);
+  EXPECT_TRUE(r.may_plan());
+  EXPECT_FALSE(r.first_ended());  // no hedge to wait for
+  EXPECT_EQ(r.decide(false, false), race::taken::next_router);
+  EXPECT_EQ(r.decide(true, false), race::taken::first);
+}
+
+TEST(HedgeRace, AFirstCallThatEndsBeforeItsHedgeIsDueLetsTheNextCallPlanAgain) {
+  race r;
+  r.plan(1);
+  r.unplan();  // the first call failed fast: fail over, and hedge that call instead
+  auto b = open_budget({});
+  EXPECT_EQ(r.due(b, {}), race::launch::none);
+  r.plan(2);
+  EXPECT_EQ(r.due(b, {}), race::launch::send);
+  EXPECT_EQ(r.router(), 2u);
+  EXPECT_FALSE(r.may_plan());  // a decision hedges at most once
+}
+
+TEST(HedgeRace, TheBudgetRefusesAndNothingMoreIsPlanned) {
+  race r;
+  hedge_budget empty(0);
+  r.plan(1);
+  EXPECT_EQ(r.due(empty, {}), race::launch::refused);
+  EXPECT_FALSE(r.launched());
+  EXPECT_FALSE(r.may_plan());
+  EXPECT_EQ(r.due(empty, {}), race::launch::none);  // asked once only
+}
+
+TEST(HedgeRace, TheHedgesPinnedReplyWinsAndCancelsTheFirstCall) {
+  race r;
+  auto b = open_budget({});
+  r.plan(1);
+  ASSERT_EQ(r.due(b, {}), race::launch::send);
+  EXPECT_EQ(r.replied(race::call::hedge, true), race::call::first);
+  EXPECT_TRUE(r.settled());
+  // The cancelled first call ends without a reply; its late reply would not count either.
+  EXPECT_EQ(r.replied(race::call::first, true), std::nullopt);
+  EXPECT_TRUE(r.first_ended());
+  EXPECT_FALSE(r.first_ended());  // the hedge is joined once
+  EXPECT_EQ(r.decide(false, true), race::taken::hedge);
+  EXPECT_EQ(r.decide(true, true), race::taken::hedge);
+}
+
+TEST(HedgeRace, TheFirstCallsPinnedReplyWinsAndCancelsTheHedge) {
+  race r;
+  auto b = open_budget({});
+  r.plan(1);
+  ASSERT_EQ(r.due(b, {}), race::launch::send);
+  EXPECT_EQ(r.replied(race::call::first, true), race::call::hedge);
+  EXPECT_EQ(r.replied(race::call::hedge, true), std::nullopt);  // too late
+  EXPECT_TRUE(r.first_ended());
+  EXPECT_EQ(r.decide(true, true), race::taken::first);
+}
+
+TEST(HedgeRace, APinnedReplyBeforeTheHedgeIsDueSendsNoHedge) {
+  race r;
+  auto b = open_budget({});
+  r.plan(1);
+  EXPECT_EQ(r.replied(race::call::first, true), std::nullopt);  // nothing to cancel
+  EXPECT_EQ(r.due(b, {}), race::launch::none);
+  EXPECT_FALSE(r.first_ended());
+  EXPECT_EQ(r.decide(true, false), race::taken::first);
+}
+
+TEST(HedgeRace, AFirstReplyThatNamesNoReplicaWaitsForTheHedge) {
+  race r;
+  auto b = open_budget({});
+  r.plan(1);
+  ASSERT_EQ(r.due(b, {}), race::launch::send);
+  EXPECT_EQ(r.replied(race::call::first, false), std::nullopt);  // a 503 from the router: keep racing
+  EXPECT_FALSE(r.settled());
+  EXPECT_TRUE(r.first_ended());
+  EXPECT_EQ(r.replied(race::call::hedge, true), race::call::first);  // the hedge names a replica
+  EXPECT_EQ(r.decide(true, true), race::taken::hedge);
+}
+
+TEST(HedgeRace, WhenNeitherNamesAReplicaTheFirstCallsReasonStands) {
+  race r;
+  auto b = open_budget({});
+  r.plan(1);
+  ASSERT_EQ(r.due(b, {}), race::launch::send);
+  EXPECT_EQ(r.replied(race::call::first, false), std::nullopt);
+  EXPECT_EQ(r.replied(race::call::hedge, false), std::nullopt);
+  EXPECT_TRUE(r.first_ended());
+  EXPECT_EQ(r.decide(true, true), race::taken::first);
+}
+
+TEST(HedgeRace, AFirstCallWithNoReplyTakesTheHedgesReason) {
+  race r;
+  auto b = open_budget({});
+  r.plan(1);
+  ASSERT_EQ(r.due(b, {}), race::launch::send);
+  EXPECT_EQ(r.replied(race::call::hedge, false), std::nullopt);
+  EXPECT_TRUE(r.first_ended());
+  EXPECT_EQ(r.decide(false, true), race::taken::hedge_failure);
+  EXPECT_EQ(r.decide(false, false), race::taken::next_router);  // neither replied: fail over
+}
+
+TEST(HedgeRace, AHedgeDueAfterAReplyWasTakenIsNotSent) {
+  race r;
+  auto b = open_budget({});
+  r.plan(1);
+  r.replied(race::call::first, true);
+  EXPECT_EQ(r.due(b, {}), race::launch::none);
+  EXPECT_TRUE(b.try_hedge({}));  // and took nothing from the budget
+}
+
 }  // namespace

@@ -23,9 +23,13 @@
 #include <cstdint>
 #include <string_view>
 
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/error.hpp>
 #include <boost/beast/http/fields.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/system/error_code.hpp>
+
+#include "ingressd/http/parse_guards.hpp"
 
 namespace ingressd::http {
 
@@ -74,10 +78,50 @@ bool forwarded_method(std::string_view method) noexcept;
 /// (GET, HEAD, OPTIONS, TRACE, PUT, DELETE), so that it may be sent again on a fresh connection.
 bool idempotent(boost::beast::http::verb method) noexcept;
 
+/// What to do with a request head once Beast's read of it has ended (`ec`; a client that went
+/// away, a timeout and an HTTP/2 preface are the session's business before this). Decided
+/// without I/O, in one place for the session (serve_one) and evaluate_request().
+/// `skips`: leading empty lines skipped so far; `raw`: the bytes Beast consumed; `pending`: the
+/// bytes after them; `req`: the parsed head (looked at only when `ec` is clear).
+struct head_verdict {
+  enum class kind : std::uint8_t { accept, skip, refuse };
+  kind what = kind::accept;
+  std::size_t skip = 0;  ///< kind::skip: empty-line bytes to drop before parsing again (D12)
+  unsigned status = 0;   ///< kind::refuse: the status to answer with; the connection closes
+  std::string_view why;  ///< a refusal of check_request_head(): said in the response body
+};
+head_verdict judge_head(const boost::system::error_code& ec, int skips, std::string_view raw, std::string_view pending,
+                        std::size_t header_limit, const bhttp::request_header<>& req) noexcept;
+
+/// One step of a request body from what `buf` already holds, without I/O: `parser`'s body window
+/// (set by the caller) takes what it can. True when that settled the step: progress (`ec`
+/// need_buffer when the window is full), the end, or an error in `ec`; false when more bytes
+/// must be read. Beyond Beast: a whole chunk-size line Beast cannot decide is an error
+/// (bad_chunk_extension, see malformed_chunk_line) instead of a wait for ever, and a buffer
+/// past body_read_cap(header_limit) that made no progress overflows (hardening A8, A10, A11).
+template <class Parser>
+bool body_from_buffer(Parser& parser, boost::beast::flat_buffer& buf, std::size_t header_limit,
+                      boost::system::error_code& ec) {
+  ec = {};
+  if (buf.size() == 0) return false;
+  const std::size_t used = put_buffered(parser, buf, ec);
+  if (ec != bhttp::error::need_more && (ec || used > 0 || parser.is_done())) return true;
+  ec = {};
+  if (used > 0) return true;
+  if (parser.chunked() && malformed_chunk_line(pending(buf)))
+    ec = bhttp::error::bad_chunk_extension;
+  else if (buf.size() >= body_read_cap(header_limit))
+    ec = bhttp::error::buffer_overflow;
+  return static_cast<bool>(ec);
+}
+
+/// The status for a request body the parser refused with `ec` (not a timeout, not a client that
+/// went away): 413 past client.max_body_bytes, else 400; `why` for the 400's body, or empty.
+verdict body_error_verdict(const boost::system::error_code& ec) noexcept;
+
 /// What the session would do with `bytes` arriving on a fresh connection, without any I/O: the
-/// head is parsed with Beast (guarded_parser, `header_limit`), leading empty lines skipped,
-/// then check_request_head(); an accepted head's body is parsed too (`body_limit`).
-/// For unit tests and fuzzing.
+/// same parser, buffer and decisions as the session (judge_head, body_from_buffer,
+/// body_error_verdict), only fed from `bytes` instead of a socket. For unit tests and fuzzing.
 struct evaluation {
   unsigned status = 0;          ///< 0 = accepted (so far); else the refusal status
   bool head_complete = false;   ///< the head was complete (accepted or refused by our checks)

@@ -1,16 +1,17 @@
-// Request accounting of a session: per-app metrics (contract §6) and the access log line. Kept
-// apart from session.cpp, which only marks the points where a request's facts become known.
+// Request accounting of a connection: per-app metrics (contract §6) and the access log line. Kept
+// apart from connection.cpp and the exchange, which only mark the points where a request's facts
+// become known.
 #include <charconv>
 
 #include "ingressd/http/message.hpp"
 #include "ingressd/routing/route_table.hpp"
-#include "server/session.hpp"
+#include "proxy/http1/connection.hpp"
 
 namespace ingressd::server {
 
 using metrics::termination;
 
-void session::begin_request() {
+void connection::begin_request() {
   if (!rq_) rq_ = w_.take_scratch();
   rq_->request_id = {};
   auto& r = rq_->rec;
@@ -34,13 +35,13 @@ void session::begin_request() {
   r.request_id.clear();
 }
 
-termination session::client_side_end() const {
+termination connection::client_side_end() const {
   if (aborted_) return termination::shutdown;
   if (timed_out_ != phase::none) return termination::timeout;
   return termination::client_abort;
 }
 
-void session::note_response(std::string_view response, bool written) {
+void connection::note_response(std::string_view response, bool written) {
   unsigned status = 0;
   if (response.size() >= 12) std::from_chars(response.data() + 9, response.data() + 12, status);
   rq_->rec.status = status;
@@ -53,11 +54,11 @@ void session::note_response(std::string_view response, bool written) {
   else if (rq_->rec.why == reason::upstream_error) rq_->rec.term = termination::error;
 }
 
-void session::note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, const router_exchange& ex,
-                                  clock::duration took) {
-  const auto result = ex.replied          ? (ex.status == 200 ? metrics::attempt_result::ok : metrics::attempt_result::non_200)
-                      : ex.lost            ? metrics::attempt_result::cancelled
-                                           : metrics::attempt_result::no_reply;
+void connection::note_router_attempt(std::size_t pool_index, const topology::endpoint& ep, std::optional<unsigned> status,
+                                  bool lost, clock::duration took) {
+  const auto result = status ? (*status == 200 ? metrics::attempt_result::ok : metrics::attempt_result::non_200)
+                      : lost ? metrics::attempt_result::cancelled
+                             : metrics::attempt_result::no_reply;
   if (rq_->rec.block)
     if (auto* slot = rq_->rec.block->router(pool_index, ep.key)) {
       slot->results[static_cast<std::size_t>(result)].add();
@@ -67,7 +68,7 @@ void session::note_router_attempt(std::size_t pool_index, const topology::endpoi
   rq_->rec.routed = true;
 }
 
-void session::note_router_used(const topology::endpoint& ep, bool hedged) {
+void connection::note_router_used(const topology::endpoint& ep, bool hedged) {
   rq_->rec.routed = true;
   rq_->rec.hedged = hedged;
   if (logging()) {
@@ -76,11 +77,11 @@ void session::note_router_used(const topology::endpoint& ep, bool hedged) {
   }
 }
 
-void session::note_hedge(metrics::hedge_result r) {
+void connection::note_hedge(metrics::hedge_result r) {
   if (rq_->rec.block) rq_->rec.block->hedges[static_cast<std::size_t>(r)].add();
 }
 
-void session::note_router_outcome(std::optional<reason> failure) {
+void connection::note_router_outcome(std::optional<reason> failure) {
   rq_->rec.routed = true;
   rq_->rec.router_failure = failure;
   const std::size_t i = metrics::router_outcome_index(failure);
@@ -89,7 +90,7 @@ void session::note_router_outcome(std::optional<reason> failure) {
   if (i != 0) rq_->rec.block->router_failures[i].add();
 }
 
-void session::note_replica(const topology::endpoint& ep, unsigned retries) {
+void connection::note_replica(const topology::endpoint& ep, unsigned retries) {
   rq_->rec.retries = retries;
   if (logging()) {
     rq_->rec.replica = ep.name.empty() ? ep.key : ep.name;
@@ -97,7 +98,7 @@ void session::note_replica(const topology::endpoint& ep, unsigned retries) {
   }
 }
 
-void session::finish_request() {
+void connection::finish_request() {
   if (!rq_) return;
   auto& r = rq_->rec;
   if (!r.active) return;

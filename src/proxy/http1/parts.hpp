@@ -1,6 +1,6 @@
 #pragma once
-// What the session's translation units (session.cpp, session_route.cpp, session_proxy.cpp) share
-// beyond session.hpp: limits, fixed messages and small helpers over the topology view.
+// What the HTTP/1 proxy's translation units (connection.cpp, exchange.cpp, exchange_router.cpp) share
+// beyond connection.hpp and exchange.hpp: limits, fixed messages and small helpers over the topology view.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>

@@ -1,4 +1,4 @@
-#include "server/session.hpp"
+#include "proxy/http1/connection.hpp"
 
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -23,17 +23,19 @@
 
 #include "ingressd/core/scope.hpp"
 #include "ingressd/core/socket_io.hpp"
+#include "ingressd/http/forwarded.hpp"
 #include "ingressd/http/message.hpp"
 #include "ingressd/http/validate.hpp"
 #include "ingressd/routing/route_table.hpp"
-#include "server/session_parts.hpp"
+#include "proxy/http1/exchange.hpp"
+#include "proxy/http1/parts.hpp"
 
 namespace ingressd::server {
 
 namespace beast = boost::beast;
 using http::iequals;
 
-session::session(worker& w, client_socket sock, SSL_CTX* tls, std::optional<tcp::endpoint> client)
+connection::connection(worker& w, client_socket sock, SSL_CTX* tls, std::optional<tcp::endpoint> client)
     : w_(w), cfg_(w.cfg_ptr()), sock_(std::move(sock)), timer_(w.ioc()) {
   error_code ec;
   auto ep = client ? *client : sock_.remote_endpoint(ec);
@@ -52,7 +54,7 @@ session::session(worker& w, client_socket sock, SSL_CTX* tls, std::optional<tcp:
   }
 }
 
-session::~session() {
+connection::~connection() {
   // Idle memory accounting lives with the worker; nothing else to release here.
   w_.stats().active_connections.sub();
   if (handed_over_) return;  // the gRPC connection counts it (and its TLS) from now on
@@ -63,7 +65,7 @@ session::~session() {
 // ---------------------------------------------------------------------------------------------
 // Watchdog
 
-void session::arm(clock::duration d, phase p) {
+void connection::arm(clock::duration d, phase p) {
   deadline_ = clock::now() + d;
   phase_ = p;
   timed_out_ = phase::none;
@@ -72,7 +74,7 @@ void session::arm(clock::duration d, phase p) {
   start_wait();
 }
 
-void session::start_wait() {
+void connection::start_wait() {
   ++waits_;
   timer_.async_wait([self = shared_from_this()](error_code ec) {
     --self->waits_;
@@ -80,7 +82,7 @@ void session::start_wait() {
   });
 }
 
-void session::on_deadline() {
+void connection::on_deadline() {
   if (deadline_ == clock::time_point::max()) return;
   if (clock::now() < deadline_) {
     if (waits_ == 0) {
@@ -93,34 +95,50 @@ void session::on_deadline() {
   deadline_ = clock::time_point::max();
   error_code ignored;
   sock_.cancel(ignored);
-  if (up_) up_->cancel();
+  if (ex_) ex_->cancel_upstream();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Client watch
 
-void session::start_watch() {
+void connection::start_watch() {
   watch_ = watch::on;
+  ++watch_gen_;
   if (tls_ && tls_->pending()) {
-    asio::post(w_.ioc(), [self = shared_from_this()] { self->on_watch({}); });
+    asio::post(w_.ioc(), [self = shared_from_this(), gen = watch_gen_] { self->on_watch({}, gen); });
     return;
   }
   arm_watch();
 }
 
-void session::arm_watch() {
-  sock_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) { self->on_watch(ec); });
+void connection::arm_watch() {
+  sock_.async_wait(tcp::socket::wait_read,
+                   [self = shared_from_this(), gen = watch_gen_](error_code ec) { self->on_watch(ec, gen); });
 }
 
-void session::on_watch(error_code ec) {
+void connection::end_watch(bool keep_alive) {
+  if (watch_ != watch::on) return;
+  if (keep_alive && buf_.size() == 0) {
+    watch_ = watch::parked;
+    return;
+  }
+  // Not awaited: the cancelled wait completes later and finds a newer generation.
+  watch_ = watch::off;
+  ++watch_gen_;
+  error_code ignored;
+  sock_.cancel(ignored);
+}
+
+void connection::on_watch(error_code ec, unsigned gen) {
+  if (gen != watch_gen_) return;  // a watch that was ended
   if (watch_ == watch::parked) {
-    // The request ended while this wait was pending; it has been the idle wait since.
+    // The exchange ended while this wait was pending; it has been the idle wait since.
     watch_ = watch::off;
     on_idle_ready(ec);
     return;
   }
   bool gone = ec && ec != asio::error::operation_aborted;
-  if (!ec && watch_ != watch::stopping) {
+  if (!ec) {
     // Readable: pipelined bytes (kept for the next request, up to the header limit), or the
     // client closed or reset. Read without blocking until the socket is drained.
     const auto cap = cfg().client.max_header_bytes;
@@ -138,7 +156,8 @@ void session::on_watch(error_code ec) {
         return;
       }
       if (r == client_read::wait_write) {  // TLS: OpenSSL must write first (a key update's reply)
-        sock_.async_wait(tcp::socket::wait_write, [self = shared_from_this()](error_code e) { self->on_watch(e); });
+        sock_.async_wait(tcp::socket::wait_write,
+                         [self = shared_from_this(), gen](error_code e) { self->on_watch(e, gen); });
         return;
       }
       gone = true;  // EOF or an error
@@ -149,13 +168,12 @@ void session::on_watch(error_code ec) {
     // EOF or reset: the client is gone. Closing the upstream read makes the replica see its
     // connection close, which aborts the generation and frees the GPU (hardening G1).
     client_gone_ = true;
-    if (up_) up_->cancel();
+    if (ex_) ex_->cancel_upstream();
   }
   watch_ = watch::off;
-  if (rq_) rq_->watch_done.cancel();
 }
 
-session::client_read session::read_client_now(asio::mutable_buffer room, std::size_t& got) {
+connection::client_read connection::read_client_now(asio::mutable_buffer room, std::size_t& got) {
   if (tls_) {
     // A readable socket may hold a record without data (a key update, an alert): after
     // want_read OpenSSL has taken what it holds, so waiting on the socket again is right.
@@ -178,51 +196,38 @@ session::client_read session::read_client_now(asio::mutable_buffer room, std::si
   }
 }
 
-bool session::body_buffered() const {
+bool connection::body_buffered() const {
   if (parser_->is_done()) return true;
   const auto left = parser_->content_length_remaining();
   return left && !parser_->chunked() && *left <= buf_.size();
 }
 
-void session::park_watch() {
-  if (watch_ == watch::on && buf_.size() == 0) watch_ = watch::parked;
-}
-
-awaitable<void> session::stop_watch() {
-  if (watch_ != watch::on) co_return;
-  watch_ = watch::stopping;
-  error_code ignored;
-  sock_.cancel(ignored);
-  rq_->watch_done.expires_at(clock::time_point::max());
-  co_await rq_->watch_done.async_wait(nothrow);
-}
-
 // ---------------------------------------------------------------------------------------------
 
 
-unsigned char* session::relay_buffer() {
+unsigned char* connection::relay_buffer() {
   if (!rq_->relay) rq_->relay.reset(new unsigned char[relay_size]);
   return rq_->relay.get();
 }
 
-void session::hard_close(client_socket& s) {
+void connection::hard_close(client_socket& s) {
   error_code ignored;
   s.set_option(asio::socket_base::linger(true, 0), ignored);
   s.close(ignored);
 }
 
-void session::release_buffers() {
+void connection::release_buffers() {
   parser_.reset();
   w_.give_scratch(std::move(rq_));
   buf_.shrink_to_fit();
 }
 
-void session::expire_idle(clock::time_point now, clock::duration keepalive) {
+void connection::expire_idle(clock::time_point now, clock::duration keepalive) {
   if (!idle_ || now - idle_since_ < keepalive) return;
   close_if_idle();
 }
 
-void session::close_if_idle() {
+void connection::close_if_idle() {
   close_after_ = true;
   if (idle_) {
     error_code ignored;
@@ -230,20 +235,17 @@ void session::close_if_idle() {
   }
 }
 
-void session::abort() {
+void connection::abort() {
   aborted_ = true;
   close_after_ = true;
   error_code ignored;
   sock_.close(ignored);
-  // The upstream operations end with operation_aborted; the coroutines that hold the
-  // connections see aborted_ and reset them.
-  if (up_) up_->cancel();
-  if (rq_)
-    for (auto& c : rq_->calls)
-      if (c.call) c.call->lease.cancel();
+  // The upstream operations end with operation_aborted; the exchange that holds the
+  // connections sees aborted_ and resets them.
+  if (ex_) ex_->cancel_all();
 }
 
-bool session::method_routed(std::string_view method) const {
+bool connection::method_routed(std::string_view method) const {
   for (const auto& m : cfg().router.methods)
     if (m == method) return true;
   return false;
@@ -256,38 +258,24 @@ std::string too_large_body(std::uint64_t limit) {
          " bytes)";
 }
 
-awaitable<session::outcome> session::body_error(error_code ec) {
+awaitable<connection::outcome> connection::body_error(error_code ec) {
   if (aborted_) co_return outcome::close;
   if (timed_out(phase::body))
     co_return co_await respond(http::make_response(408, "text/plain", "Request Timeout", true), true);
-  if (ec == bhttp::error::body_limit)
-    co_return co_await respond(
-        http::make_response(413, "text/plain", too_large_body(cfg().client.max_body_bytes), true), true);
   if (ec == asio::error::eof || ec == bhttp::error::partial_message || ec == asio::error::connection_reset)
     co_return outcome::close;  // the client went away mid-upload
-  if (ec == bhttp::error::bad_chunk_extension)
-    co_return co_await respond(
-        http::make_response(400, "text/plain", "Bad Request: malformed chunk extension", true), true);
-  co_return co_await respond(http::make_response(400, "text/plain", "Bad Request", true), true);
+  const auto v = http::body_error_verdict(ec);
+  const std::string body = v.status == 413 ? too_large_body(cfg().client.max_body_bytes)
+                           : v.why.empty() ? std::string("Bad Request")
+                                           : "Bad Request: " + std::string(v.why);
+  co_return co_await respond(http::make_response(v.status, "text/plain", body, true), true);
 }
 
-bool session::body_from_buffer(error_code& ec) {
-  ec = {};
-  if (buf_.size() == 0) return false;
-  const std::size_t used = http::put_buffered(*parser_, buf_, ec);
-  if (ec != bhttp::error::need_more && (ec || used > 0 || parser_->is_done())) return true;
-  ec = {};
-  if (used > 0) return true;
-  // No progress on what is buffered: a chunk line Beast cannot decide is a bad request, not one
-  // to wait for (it waited until body_timeout, then answered 408).
-  if (parser_->chunked() && http::malformed_chunk_line(http::pending(buf_)))
-    ec = bhttp::error::bad_chunk_extension;
-  else if (buf_.size() >= http::body_read_cap(cfg().client.max_header_bytes))  // A10, A11
-    ec = bhttp::error::buffer_overflow;
-  return static_cast<bool>(ec);
+bool connection::body_from_buffer(error_code& ec) {
+  return http::body_from_buffer(*parser_, buf_, cfg().client.max_header_bytes, ec);
 }
 
-awaitable<error_code> session::read_body_some() {
+awaitable<error_code> connection::read_body_some() {
   const std::size_t cap = http::body_read_cap(cfg().client.max_header_bytes);  // A10, A11
   for (;;) {
     if (error_code settled; body_from_buffer(settled)) co_return settled;
@@ -304,7 +292,7 @@ awaitable<error_code> session::read_body_some() {
   }
 }
 
-awaitable<error_code> session::read_prebody(std::size_t cap, std::optional<clock::duration> wait) {
+awaitable<error_code> connection::read_prebody(std::size_t cap, std::optional<clock::duration> wait) {
   const auto& cfg = this->cfg();
   const auto wait_until = wait ? std::optional(clock::now() + *wait) : std::nullopt;
   while (!parser_->is_done() && rq_->prebody.size() < cap) {
@@ -341,20 +329,12 @@ awaitable<error_code> session::read_prebody(std::size_t cap, std::optional<clock
   co_return error_code{};
 }
 
-void session::note_upstream_error(const topology::endpoint& ep, std::string_view what) {
-  w_.note_upstream_error(ep, what, cfg().health.error_limit);
-}
-
-void session::note_upstream_ok(const topology::endpoint& ep) {
-  if (ep.state->errors.load(std::memory_order_relaxed) != 0) ep.state->errors.store(0, std::memory_order_relaxed);
-}
-
-awaitable<bool> session::write_all(std::string_view data) {
+awaitable<bool> connection::write_all(std::string_view data) {
   std::array<asio::const_buffer, 1> out{asio::buffer(data)};
   co_return !(co_await client([&](auto& s) { return send(s, out); }));
 }
 
-void session::choose_request_id() {
+void connection::choose_request_id() {
   // The client's id is a view into the parsed head, alive for the whole request; a generated one
   // lives in the request scratch: no allocation either way.
   const auto& req = parser_->get();
@@ -368,7 +348,7 @@ void session::choose_request_id() {
   if (logging()) rq_->rec.request_id.assign(rq_->request_id);
 }
 
-std::string_view session::request_id() {
+std::string_view connection::request_id() {
   if (rq_->request_id.empty()) {  // answered before a usable head was read (400, 408, 431, ...)
     rq_->generated = w_.next_request_id();
     rq_->request_id = std::string_view(rq_->generated.data(), rq_->generated.size());
@@ -377,7 +357,7 @@ std::string_view session::request_id() {
   return rq_->request_id;
 }
 
-awaitable<session::outcome> session::respond(std::string response, bool close) {
+awaitable<connection::outcome> connection::respond(std::string response, bool close) {
   arm(cfg().client.header_timeout, phase::head);
   // Every response carries the request's id, the ones ingressd generates included (contract §9):
   // a client that reports a failure can name it.
@@ -387,7 +367,7 @@ awaitable<session::outcome> session::respond(std::string response, bool close) {
   co_return (ok && !close) ? outcome::keep_alive : outcome::close;
 }
 
-awaitable<session::outcome> session::respond_reason(reason r, bool close, std::string_view path,
+awaitable<connection::outcome> connection::respond_reason(reason r, bool close, std::string_view path,
                                                      std::string_view detail) {
   bool head_only = parser_ && parser_->get().method() == bhttp::verb::head;
   rq_->rec.why = r;
@@ -395,8 +375,42 @@ awaitable<session::outcome> session::respond_reason(reason r, bool close, std::s
 }
 
 // ---------------------------------------------------------------------------------------------
+// The client behind trusted proxies
 
-void session::start() {
+void connection::collect_forwarded(std::string_view name, std::string_view value, std::string& chain,
+                                std::string_view& proto) {
+  if (iequals(name, "x-forwarded-for")) {
+    // Several lines are one list (RFC 9110 §5.3).
+    if (!chain.empty()) chain.push_back(',');
+    chain.append(value);
+  } else if (iequals(name, "x-forwarded-proto")) {
+    proto = value;
+  }
+}
+
+void connection::forwarded_chain_refused(std::string_view chain) {
+  w_.stats().forwarded_chain_errors.add();
+  spdlog::warn("X-Forwarded-For from trusted proxy {} is not a list of addresses, ignored: {}", peer_,
+               chain.substr(0, 256));
+}
+
+bool connection::peer_trusted() const {
+  const auto& trusted = cfg().client.trusted_proxies;
+  return !trusted.empty() && net::any_contains(trusted, peer_addr_);
+}
+
+std::string connection::client_ip() const {
+  if (!cfg_ || !parser_ || !peer_trusted()) return peer_;
+  const auto& trusted = cfg().client.trusted_proxies;
+  std::string chain;
+  std::string_view proto;
+  for (const auto& f : parser_->get()) collect_forwarded(f.name_string(), f.value(), chain, proto);
+  return http::evaluate_forwarded(chain, proto, peer_addr_, peer_, trusted).client_ip;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void connection::start() {
   if (!tls_) {
     wait_idle();
     return;
@@ -405,7 +419,7 @@ void session::start() {
   handshake_step();
 }
 
-void session::handshake_step() {
+void connection::handshake_step() {
   error_code ec;
   switch (const auto r = tls_->handshake_now(ec)) {
     case tls::stream::io::ok:
@@ -413,7 +427,7 @@ void session::handshake_step() {
       if (tls_->resumed()) w_.stats().tls_resumed.add();
       if (tls_->alpn() == "h2") {
         // ALPN chose h2 (a gRPC client; tls/context.cpp): the gRPC listener's code serves the
-        // connection from here on, and this session ends.
+        // connection from here on, and this connection ends.
         disarm();
         handed_over_ = true;
         w_.hand_to_grpc(std::move(sock_), std::move(tls_), peer_);
@@ -436,7 +450,7 @@ void session::handshake_step() {
   }
 }
 
-void session::handshake_failed(tls::handshake_failure why) {
+void connection::handshake_failed(tls::handshake_failure why) {
   if (aborted_) {
     close_now();
     return;
@@ -454,7 +468,7 @@ void session::handshake_failed(tls::handshake_failure why) {
   close_now();  // (no close_notify: the handshake did not finish)
 }
 
-void session::wait_idle() {
+void connection::wait_idle() {
   // Idle between requests: no coroutine frame, no buffers, no request scratch (hardening H3) —
   // only this wait and the keep-alive deadline. The next request starts a new coroutine.
   // The keep-alive deadline is enforced by the worker's idle sweep (expire_idle), so an idle
@@ -471,7 +485,7 @@ void session::wait_idle() {
 }
 
 template <class Handler>
-void session::when_readable(Handler&& h) {
+void connection::when_readable(Handler&& h) {
   if (tls_ && tls_->pending()) {
     asio::post(w_.ioc(), [h = std::forward<Handler>(h)]() mutable { h(error_code{}); });
     return;
@@ -479,7 +493,7 @@ void session::when_readable(Handler&& h) {
   sock_.async_wait(tcp::socket::wait_read, std::forward<Handler>(h));
 }
 
-void session::on_idle_ready(error_code ec) {
+void connection::on_idle_ready(error_code ec) {
   idle_ = false;
   if (ec || close_after_ || aborted_ || !sock_.is_open()) {
     close_now();  // idle timeout, drain or error: close quietly
@@ -492,19 +506,15 @@ void session::on_idle_ready(error_code ec) {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& ex) {
-      spdlog::error("session failed: {}", ex.what());
+      spdlog::error("connection failed: {}", ex.what());
     }
   });
 }
 
-awaitable<void> session::serve() {
+awaitable<void> connection::serve() {
   auto self = shared_from_this();
   while (!aborted_) {
     const auto o = co_await serve_one();
-    if (watch_ == watch::on) {  // started before a router call, and the request ended before its reply
-      if (o == outcome::keep_alive && buf_.size() == 0) park_watch();
-      else co_await stop_watch();
-    }
     finish_request();
     if (o == outcome::close) break;
     if (buf_.size() == 0) {
@@ -536,7 +546,7 @@ awaitable<void> session::serve() {
   close_now();
 }
 
-void session::close_now() {
+void connection::close_now() {
   error_code ignored;
   if (tls_ && !aborted_ && sock_.is_open()) tls_->shutdown_now();
   if (!aborted_ && sock_.is_open()) sock_.shutdown(tcp::socket::shutdown_send, ignored);
@@ -545,7 +555,7 @@ void session::close_now() {
   sock_.close(ignored);
 }
 
-session::outcome session::builtin(std::string_view path, std::string& response) {
+connection::outcome connection::builtin(std::string_view path, std::string& response) {
   const auto& req = parser_->get();
   const bool head_only = req.method() == bhttp::verb::head;
   const bool close = !parser_->keep_alive() || !parser_->is_done();
@@ -575,24 +585,23 @@ session::outcome session::builtin(std::string_view path, std::string& response) 
   return close ? outcome::close : outcome::keep_alive;
 }
 
-bool session::head_now(http::bounded_buffer& in, error_code& ec) {
+bool connection::head_now(http::bounded_buffer& in, error_code& ec) {
   // Readiness (or a pipelined request) brought us here, so the head is nearly always there.
   return client([&](auto& s) { return parse_now(s, in, in.max_size(), *parser_, false, ec); });
 }
 
-std::string session::head_error_response(error_code ec) {
+std::string connection::head_error_response(error_code ec, unsigned status) {
   const auto& cfg = this->cfg();
   if (timed_out(phase::head)) return http::make_response(408, "text/plain", "Request Timeout", true);
   // A Content-Length over the limit is refused once every field is parsed: the client's id is
   // known and goes on the 413 and its log line.
   if (ec == bhttp::error::body_limit) choose_request_id();
-  const unsigned status = http::status_for_head_error(ec, rq_->head, http::pending(buf_), cfg.client.max_header_bytes);
   const std::string body = status == 413 ? too_large_body(cfg.client.max_body_bytes)
                                          : std::string(bhttp::obsolete_reason(static_cast<bhttp::status>(status)));
   return http::make_response(status, "text/plain", body, true);
 }
 
-awaitable<session::outcome> session::refuse_http2() {
+awaitable<connection::outcome> connection::refuse_http2() {
   // An h2-only client: by prior knowledge, or over TLS after ALPN found no common protocol (h2
   // is chosen only with a gRPC listener, for gRPC clients: tls/context.cpp). An HTTP/1.1 505
   // would reach it as a protocol error with no words; this says what to do instead.
@@ -605,57 +614,60 @@ awaitable<session::outcome> session::refuse_http2() {
   co_return outcome::close;
 }
 
-std::optional<std::string> session::refuse_head() {
-  const auto& req = parser_->get();
-  if (auto v = http::check_request_head(rq_->head, req); !v.ok()) {
-    // What Beast lets through but ingressd refuses (smuggling shapes, hardening A, B, D): the
-    // request goes nowhere and the connection closes.
-    std::string body(bhttp::obsolete_reason(static_cast<bhttp::status>(v.status)));
-    body.append(": ").append(v.why);
-    return http::make_response(v.status, "text/plain", body, true, 11, req.method() == bhttp::verb::head);
-  }
-  if (req.version() != 11 && req.version() != 10)
-    return http::make_response(505, "text/plain", "HTTP Version Not Supported", true);
-  if (req.target().empty() || req.target().front() != '/')
-    return http::make_response(400, "text/plain", "Bad Request", true);
-  return std::nullopt;
+std::string connection::refusal_response(const http::head_verdict& v) const {
+  // What Beast lets through but ingressd refuses (smuggling shapes, hardening A, B, D): the
+  // request goes nowhere and the connection closes.
+  std::string body(bhttp::obsolete_reason(static_cast<bhttp::status>(v.status)));
+  if (!v.why.empty()) body.append(": ").append(v.why);
+  return http::make_response(v.status, "text/plain", body, true, 11, parser_->get().method() == bhttp::verb::head);
 }
 
-awaitable<session::outcome> session::serve_one() {
+awaitable<std::optional<connection::head_read>> connection::read_head() {
   const auto& cfg = this->cfg();
-  begin_request();
-  arm(cfg.client.header_timeout, phase::head);
-  rq_->head.clear();
+  rq_->client_head.clear();
   for (int skips = 0;; ++skips) {
     parser_ = std::make_unique<request_parser>();
     parser_->header_limit(static_cast<std::uint32_t>(cfg.client.max_header_bytes));
     parser_->body_limit(cfg.client.max_body_bytes);
-    // The raw head lands in rq_->head as Beast consumes it, for http::check_request_head below.
-    http::bounded_buffer in(buf_, cfg.client.max_header_bytes, &rq_->head);
+    // The raw head lands in rq_->client_head as Beast consumes it, for http::judge_head.
+    http::bounded_buffer in(buf_, cfg.client.max_header_bytes, &rq_->client_head);
     error_code ec;
     if (!head_now(in, ec))
       std::tie(ec, std::ignore) =
           co_await client([&](auto& s) { return bhttp::async_read_header(s, in, *parser_, nothrow); });
-    if (ec == bhttp::error::bad_method && skips < 8) {
-      // Empty lines before the request line are ignored (RFC 9112 §2.2, hardening D12).
-      if (auto skip = http::leading_empty_lines(http::pending(buf_)); skip > 0) {
-        buf_.consume(skip);
-        continue;
-      }
-    }
-    if (ec) {
-      if (aborted_ || ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-          ec == asio::error::connection_reset || (ec == asio::error::operation_aborted && !timed_out(phase::head)))
-        co_return outcome::close;  // the client went away (or a drain cancelled the wait)
-      if (http::http2_preface(http::pending(buf_))) co_return co_await refuse_http2();
-      co_return co_await respond(head_error_response(ec), true);
-    }
-    break;
+    if (ec && (aborted_ || ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+               ec == asio::error::connection_reset || (ec == asio::error::operation_aborted && !timed_out(phase::head))))
+      co_return std::nullopt;  // the client went away (or a drain cancelled the wait)
+    const auto v = http::judge_head(ec, skips, rq_->client_head, http::pending(buf_), cfg.client.max_header_bytes,
+                              parser_->get());
+    if (v.what != http::head_verdict::kind::skip) co_return head_read{v, ec};
+    buf_.consume(v.skip);
+    rq_->client_head.clear();
+  }
+}
+
+std::string connection::upstream_target(std::string_view target, std::string_view path, std::string_view stripped) {
+  if (stripped.size() == path.size()) return std::string(target);
+  std::string t(stripped);
+  t.append(target.substr(path.size()));
+  return t;
+}
+
+awaitable<connection::outcome> connection::serve_one() {
+  const auto& cfg = this->cfg();
+  begin_request();
+  arm(cfg.client.header_timeout, phase::head);
+  const auto head = co_await read_head();
+  if (!head) co_return outcome::close;
+  if (head->ec) {  // Beast refused the head while reading it
+    if (http::http2_preface(http::pending(buf_))) co_return co_await refuse_http2();
+    co_return co_await respond(head_error_response(head->ec, head->verdict.status), true);
   }
   w_.stats().requests.add();
   if (tls_) w_.stats().tls_requests.add();
   choose_request_id();
-  if (auto refusal = refuse_head()) co_return co_await respond(std::move(*refusal), true);
+  if (head->verdict.what == http::head_verdict::kind::refuse)
+    co_return co_await respond(refusal_response(head->verdict), true);
   const auto& req = parser_->get();
   const bool close = !parser_->keep_alive() || close_after_;
   const std::string_view target = req.target();
@@ -675,15 +687,8 @@ awaitable<session::outcome> session::serve_one() {
   std::optional<std::size_t> app;
   if (stripped) app = snap->routes.match(*stripped);
   if (!app) co_return co_await respond_reason(reason::no_route, close || unread_body, path);
-
-  std::string upstream_target;
-  if (stripped && stripped->size() != path.size()) {
-    upstream_target.assign(*stripped);
-    upstream_target.append(target.substr(path.size()));
-  } else {
-    upstream_target.assign(target);
-  }
-  co_return co_await proxy(*app, std::move(upstream_target));
+  exchange ex(*this, *app, upstream_target(target, path, *stripped));
+  co_return co_await ex.run();
 }
 
 }  // namespace ingressd::server
