@@ -131,7 +131,7 @@ int ticket_callback(SSL*, unsigned char* name, unsigned char* iv, EVP_CIPHER_CTX
 /// ALPN: http/1.1 whenever the client offers it, so that browsers and curl (which offer h2 first)
 /// keep the HTTP/1.1 request path; h2 only to a client that offers h2 and not http/1.1 — what gRPC
 /// clients do — and only with a gRPC listener (`arg` non-null): such connections are served as
-/// gRPC (src/server/grpc_proxy.cpp). No overlap is not an error: the client may still speak
+/// gRPC (src/proxy/grpc/grpc_proxy.cpp). No overlap is not an error: the client may still speak
 /// HTTP/1.1 without ALPN.
 int alpn_select(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in, unsigned inlen,
                 void* arg) {

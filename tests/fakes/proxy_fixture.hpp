@@ -4,7 +4,7 @@
 #include <string>
 
 #include "ingressd/config/config.hpp"
-#include "ingressd/server/daemon.hpp"
+#include "ingressd/app/daemon.hpp"
 #include "ingressd/topology/snapshot.hpp"
 #include "ingressd/topology/topology.hpp"
 

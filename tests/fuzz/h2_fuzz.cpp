@@ -1,5 +1,5 @@
 // libFuzzer target: bytes from a client of the gRPC listener (issue #20 item 6) through the real
-// entry point — a worker's gRPC hub (src/server/grpc_proxy.cpp) on one end of a socket pair,
+// entry point — a worker's gRPC hub (src/proxy/grpc/grpc_proxy.cpp) on one end of a socket pair,
 // nghttp2's server session and every callback of ours (frame budget, header limits, call start,
 // dispatch to a replica that refuses on loopback, error answers, GOAWAY, lingering close).
 //
@@ -17,8 +17,8 @@
 #include <string>
 
 #include "ingressd/topology/snapshot.hpp"
-#include "server/grpc_proxy.hpp"
-#include "server/worker.hpp"
+#include "proxy/grpc/grpc_proxy.hpp"
+#include "worker/worker.hpp"
 
 namespace {
 

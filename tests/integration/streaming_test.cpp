@@ -399,7 +399,7 @@ TEST(Streaming, SlowReaderIsAbortedAfterIdleTimeoutWithBackpressure) {
 
 TEST(Streaming, ConcurrentStreamsThroughOneWorkerNeverMixTheirBytes) {
   // Body pieces pass through one relay window per worker; a piece a client does not take at
-  // once must leave the window before its stream waits (session.cpp, relay loop). Four large
+  // once must leave the window before its stream waits (exchange.cpp, relay loop). Four large
   // responses on one worker, read one client after the other: while the first is read, the
   // other three are stalled mid-body by backpressure with their unsent pieces pending. Every
   // byte must arrive at its own client, in order.

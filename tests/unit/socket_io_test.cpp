@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "ingressd/core/socket_io.hpp"
+#include "ingressd/http/parse_now.hpp"
 #include "ingressd/http/message.hpp"
 #include "ingressd/http/parse_guards.hpp"
 

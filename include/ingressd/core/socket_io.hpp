@@ -2,8 +2,9 @@
 // Socket reads and writes that finish at once when they can. An Asio operation always completes
 // through the scheduler queue, so the coroutine resumes only after every other ready handler, its
 // request's state out of the cache again; these try the system call first and fall back to the
-// Asio operation only when it would block. Used by the sessions for the client, router and replica
-// sockets (src/server/); tested on real sockets in tests/unit/socket_io_test.cpp.
+// Asio operation only when it would block. Used by the HTTP/1 proxy for the client, router and
+// replica sockets (src/proxy/http1/); tested on real sockets in tests/unit/socket_io_test.cpp.
+// Parsing what such a read took is http/parse_now.hpp: core/ knows no HTTP.
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -16,10 +17,8 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/http/error.hpp>
 
 #include "ingressd/core/asio.hpp"
-#include "ingressd/http/parse_guards.hpp"
 
 namespace ingressd {
 
@@ -103,31 +102,6 @@ std::ptrdiff_t fill_now(Socket& s, Buffer& buf, std::size_t cap, error_code& ec,
   if (drained && n > 0 && static_cast<std::size_t>(n) < room.size()) *drained = true;
   buf.commit(static_cast<std::size_t>(n));
   return n;
-}
-
-/// Takes what the socket holds now (only when nothing is buffered yet; at most `cap` bytes
-/// buffered) and parses it here. `whole`: the complete message, else its head only. True when
-/// no read operation is needed: the part is parsed, or `ec` says why it cannot be; false when the
-/// bytes are not all there (nothing yet, EOF or an error: the read operation that follows finds
-/// and reports it). Used where the bytes are nearly always there: a request head that readiness
-/// brought, a reply after after_ready_handlers. `drained` (when given) is set when the read took
-/// everything the socket held: fewer bytes than asked for.
-template <class Socket, class Buffer, class Parser>
-bool parse_now(Socket& s, Buffer& buf, std::size_t cap, Parser& p, bool whole, error_code& ec,
-               bool* drained = nullptr) {
-  if (buf.size() == 0) {
-    error_code ignored;  // the read operation that follows finds and reports it
-    bool took_all = false;
-    if (fill_now(s, buf, cap, ignored, &took_all) <= 0) return false;
-    if (drained && took_all) *drained = true;
-  }
-  if (whole) {
-    http::put_buffered(p, buf, ec);
-  } else {
-    buf.consume(p.put(buf.data(), ec));  // one step: the head, and nothing of the body yet
-  }
-  if (ec == boost::beast::http::error::need_more) ec = {};
-  return ec || (whole ? p.is_done() : p.is_header_done());
 }
 
 }  // namespace ingressd

@@ -1,5 +1,5 @@
 #pragma once
-// Small conveniences over nghttp2's C API, shared by the gRPC listener (src/server/grpc_proxy.cpp)
+// Small conveniences over nghttp2's C API, shared by the gRPC listener (src/proxy/grpc/grpc_proxy.cpp)
 // and the gRPC health check (src/health/grpc_probe.cpp).
 #include <nghttp2/nghttp2.h>
 

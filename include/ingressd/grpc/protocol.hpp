@@ -3,7 +3,7 @@
 // them, the `grpc-timeout` header, `grpc-message` encoding, which app a call belongs to, the
 // byte queues that carry a stream's bytes between its two HTTP/2 connections, and the budget that
 // ends a connection flooding us with frames that cost work but carry no request. Unit-tested
-// without sockets (tests/unit/grpc_protocol_test.cpp); src/server/grpc_proxy.cpp does the I/O.
+// without sockets (tests/unit/grpc_protocol_test.cpp); src/proxy/grpc/grpc_proxy.cpp does the I/O.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

@@ -139,7 +139,7 @@ inline std::size_t body_read_cap(std::size_t header_limit) noexcept {
 /// per put() (a chunk's size line, its data, ...), until the bytes run out, the parser is done,
 /// stops making progress (`ec` = need_more) or fails (`ec`; need_buffer when its body window is
 /// full). Returns the bytes consumed. For bytes already read, in place of Beast's async_read_some,
-/// which would complete through the scheduler queue (see parse_now in src/server/session.cpp).
+/// which would complete through the scheduler queue (see http/parse_now.hpp).
 /// Not eager(): an eager parser makes that read wait for the next chunk's size line before it
 /// completes with data it already has.
 template <class Parser, class Buffer>

@@ -3,7 +3,7 @@
 // BIO on the non-blocking descriptor) and says when it must wait; the caller waits for
 // readability or writability with Asio and tries again. This is the shape nginx and HAProxy use,
 // and the one the session already has for plain HTTP (try the system call, wait only when it would
-// block), so both listeners share one request path (src/server/session*.cpp) and a request over
+// block), so both listeners share one request path (src/proxy/http1/) and a request over
 // TLS costs the record's crypto and the same system calls as plain HTTP: no second buffer layer,
 // no extra scheduler trip per read as with asio::ssl::stream's memory BIOs.
 //

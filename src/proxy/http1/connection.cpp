@@ -23,6 +23,7 @@
 
 #include "ingressd/core/scope.hpp"
 #include "ingressd/core/socket_io.hpp"
+#include "ingressd/http/parse_now.hpp"
 #include "ingressd/http/forwarded.hpp"
 #include "ingressd/http/message.hpp"
 #include "ingressd/http/validate.hpp"

@@ -25,7 +25,7 @@
 #include "ingressd/http/validate.hpp"
 #include "ingressd/metrics/access_log.hpp"
 #include "ingressd/metrics/request_metrics.hpp"
-#include "server/worker.hpp"
+#include "worker/worker.hpp"
 
 namespace ingressd::server {
 

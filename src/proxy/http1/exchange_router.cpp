@@ -6,6 +6,7 @@
 
 #include "ingressd/core/scope.hpp"
 #include "ingressd/core/socket_io.hpp"
+#include "ingressd/http/parse_now.hpp"
 #include "ingressd/http/syntax.hpp"
 #include "ingressd/http/validate.hpp"
 #include "ingressd/routing/chooser.hpp"

@@ -1,4 +1,4 @@
-#include "ingressd/server/daemon.hpp"
+#include "ingressd/app/daemon.hpp"
 
 #include <csignal>
 #include <pthread.h>
@@ -17,8 +17,8 @@
 
 #include "ingressd/http/message.hpp"
 #include "ingressd/metrics/access_log.hpp"
-#include "server/admin.hpp"
-#include "server/worker.hpp"
+#include "admin/admin.hpp"
+#include "worker/worker.hpp"
 
 namespace ingressd::server {
 

@@ -1,4 +1,4 @@
-#include "server/admin.hpp"
+#include "admin/admin.hpp"
 
 #include <unordered_set>
 
@@ -14,7 +14,7 @@
 #include "ingressd/core/scope.hpp"
 #include "ingressd/http/message.hpp"
 #include "ingressd/metrics/exposition.hpp"
-#include "server/worker.hpp"
+#include "worker/worker.hpp"
 
 namespace ingressd::server {
 

@@ -1,4 +1,4 @@
-#include "ingressd/server/runner.hpp"
+#include "ingressd/app/runner.hpp"
 
 #include <sys/stat.h>
 
@@ -21,7 +21,7 @@
 #include "ingressd/demo/cluster.hpp"
 #include "ingressd/health/checker.hpp"
 #include "ingressd/topology/source.hpp"
-#include "ingressd/server/daemon.hpp"
+#include "ingressd/app/daemon.hpp"
 #include "ingressd/topology/snapshot.hpp"
 #include "ingressd/topology/topology.hpp"
 #include "ingressd/tls/context.hpp"

@@ -1,4 +1,4 @@
-#include "server/worker.hpp"
+#include "worker/worker.hpp"
 
 #include <malloc.h>
 #include <sys/socket.h>
@@ -10,8 +10,8 @@
 #include <spdlog/spdlog.h>
 
 #include "ingressd/core/scope.hpp"
-#include "server/grpc_proxy.hpp"
-#include "server/proxy_header.hpp"
+#include "proxy/grpc/grpc_proxy.hpp"
+#include "worker/proxy_header.hpp"
 #include "proxy/http1/connection.hpp"
 
 namespace ingressd::server {

@@ -1,4 +1,4 @@
-#include "server/grpc_proxy.hpp"
+#include "proxy/grpc/grpc_proxy.hpp"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -19,7 +19,7 @@
 #include "ingressd/grpc/nghttp2.hpp"
 #include "ingressd/grpc/protocol.hpp"
 #include "ingressd/routing/chooser.hpp"
-#include "server/worker.hpp"
+#include "worker/worker.hpp"
 
 namespace ingressd::server {
 namespace {
