@@ -14,6 +14,8 @@
 #include <boost/beast/http/string_body.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ingressd/http/list.hpp"
+
 namespace ingressd::demo {
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -35,19 +37,6 @@ auto log_errors(std::string who) {
       spdlog::error("{}: {}", who, ex.what());
     }
   };
-}
-
-bool has_token(std::string_view list, std::string_view token) {
-  while (!list.empty()) {
-    auto comma = list.find(',');
-    auto item = list.substr(0, comma);
-    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
-    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
-    if (beast::iequals(item, token)) return true;
-    if (comma == std::string_view::npos) break;
-    list.remove_prefix(comma + 1);
-  }
-  return false;
 }
 
 }  // namespace
@@ -130,7 +119,7 @@ header_list parse_head_fields(std::string_view raw) {
 
 bool wants_close(const header_list& headers) {
   for (const auto& [name, value] : headers)
-    if (beast::iequals(name, "connection") && has_token(value, "close")) return true;
+    if (beast::iequals(name, "connection") && ingressd::http::list_contains(value, "close")) return true;
   return false;
 }
 

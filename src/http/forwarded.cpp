@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "ingressd/core/text.hpp"
+#include "ingressd/http/list.hpp"
 
 namespace ingressd::http {
 
@@ -43,13 +44,9 @@ forwarded_view evaluate_forwarded(std::string_view chain, std::string_view proto
   if (trim_ows(chain).empty()) return v;
 
   // Every element must be an address; the client is the rightmost one not trusted.
+  // Empty elements are kept: a chain with a hole is malformed, as any other non-address is.
   std::vector<std::string_view> elements;
-  for (std::string_view rest = chain;;) {
-    const auto comma = rest.find(',');
-    elements.push_back(trim_ows(rest.substr(0, comma)));
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
+  for (const auto e : list_elements(chain, empty_elements::keep)) elements.push_back(e);
   std::optional<ip::address> client, farthest;
   for (auto it = elements.rbegin(); it != elements.rend(); ++it) {
     farthest = element_address(*it);

@@ -7,6 +7,7 @@
 #include <boost/beast/http/error.hpp>
 
 #include "ingressd/core/text.hpp"
+#include "ingressd/http/list.hpp"
 #include "ingressd/http/message.hpp"
 
 namespace ingressd::http {
@@ -35,24 +36,8 @@ bool always_hop_by_hop(bhttp::field f, std::string_view name) noexcept {
   return std::any_of(fixed.begin(), fixed.end(), [&](std::string_view h) { return iequals(name, h); });
 }
 
-namespace {
-
-/// Takes the next element of a comma-separated list off the front of `rest`, without the
-/// whitespace around it (RFC 9110 §5.6.1). Empty elements come back empty; a trailing one is
-/// not seen, which is all the Connection header needs (it names fields; an empty name names none).
-std::string_view next_list_element(std::string_view& rest) noexcept {
-  const auto comma = rest.find(',');
-  const auto element = trim_ows(rest.substr(0, comma));
-  rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-  return element;
-}
-
-}  // namespace
-
 bool listed_in_connection(std::string_view connection, std::string_view name) noexcept {
-  while (!connection.empty())
-    if (iequals(next_list_element(connection), name)) return true;
-  return false;
+  return list_contains(connection, name);
 }
 
 void relay_response_parser::on_response_impl(int code, boost::beast::string_view reason, int,
@@ -98,9 +83,11 @@ void relay_response_parser::on_header_impl(boost::beast::error_code&) {
   // field that was forwarded (Keep-Alive is never forwarded), so the common case costs one scan
   // of a short value.
   bool names_fields = false;
-  for (std::string_view rest = connection_; !rest.empty() && !names_fields;) {
-    const auto token = next_list_element(rest);
-    names_fields = !token.empty() && !iequals(token, "close") && !iequals(token, "keep-alive");
+  for (const auto token : list_elements(connection_)) {
+    if (!iequals(token, "close") && !iequals(token, "keep-alive")) {
+      names_fields = true;
+      break;
+    }
   }
   if (!names_fields) return;
   // Every line after the status line is "Name: value\r\n", written by append_field above.

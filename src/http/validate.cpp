@@ -12,6 +12,7 @@
 #include <boost/beast/http/buffer_body.hpp>
 
 #include "ingressd/core/text.hpp"
+#include "ingressd/http/list.hpp"
 #include "ingressd/http/parse_guards.hpp"
 #include "ingressd/http/syntax.hpp"
 
@@ -48,10 +49,8 @@ verdict check_transfer_encoding(std::string_view value) noexcept {
   bool chunked_before = false;
   bool other_before = false;
   bool first = true;
-  std::string_view rest = value;
-  for (;;) {
-    auto comma = rest.find(',');
-    auto element = trim_ows(rest.substr(0, comma));
+  // Empty elements are kept: a coding list with a hole is refused, not read past.
+  for (const auto element : list_elements(value, empty_elements::keep)) {
     if (element.empty()) return {400, "empty transfer coding"};
     if (!first) {
       // `last` was not the final element.
@@ -63,8 +62,6 @@ verdict check_transfer_encoding(std::string_view value) noexcept {
     }
     last = element;
     first = false;
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
   }
   if (!iequals(last, "chunked")) {
     auto name = last.substr(0, last.find_first_of("; \t"));
