@@ -192,11 +192,12 @@ TEST(ProxyBasic, NoMatchingRouteIs404NoRoute) {
   auto miss = c.read_response(5s);
   ASSERT_TRUE(miss.complete) << miss.error;
   EXPECT_EQ(miss.status, 404u);
-  if (miss.keep_alive()) {
-    auto hit = c.read_response(5s);
-    ASSERT_TRUE(hit.complete) << hit.error;
-    EXPECT_EQ(echoed_target(hit), "/api/after-404");
-  }
+  EXPECT_TRUE(miss.keep_alive()) << "a 404 with nothing left unread must not close the connection";
+  auto hit = c.read_response(5s);
+  ASSERT_TRUE(hit.complete) << hit.error;
+  EXPECT_EQ(hit.status, 200u);
+  EXPECT_EQ(echoed_target(hit), "/api/after-404");
+  EXPECT_EQ(api.request_count(), 2u);
 }
 
 TEST(ProxyBasic, RootPathIsStrippedBeforeMatchingAndForwarding) {
