@@ -81,6 +81,24 @@ inline metrics_scrape scrape_until(std::uint16_t admin_port, const std::function
   }
 }
 
+/// Requests counted in ingressd_requests_total with status `code`, over all apps ("499": the
+/// client left first).
+inline double requests_with_code(const metrics_scrape& s, const std::string& code) {
+  double n = 0;
+  for (const auto& [series, value] : s.samples)
+    if (series.rfind("ingressd_requests_total{", 0) == 0 && series.find("code=\"" + code + "\"") != std::string::npos)
+      n += value;
+  return n;
+}
+
+/// Waits (bounded) until ingressd has counted `n` requests the client left (499): the event
+/// that the daemon itself ended them.
+inline double wait_client_left(std::uint16_t admin_port, double n, clock::duration within = std::chrono::seconds(10)) {
+  return requests_with_code(
+      scrape_until(admin_port, [&](const metrics_scrape& s) { return requests_with_code(s, "499") >= n; }, within),
+      "499");
+}
+
 /// GET /topology from the admin listener (a discarded JSON value when it cannot be read).
 inline nlohmann::json admin_topology(std::uint16_t admin_port) {
   auto r = http_get("127.0.0.1", admin_port, "/topology", {}, std::chrono::seconds(5));

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "fakes/admin_client.hpp"
 #include "fakes/http_client.hpp"
 #include "fakes/servers.hpp"
 #include "fakes/proxy_fixture.hpp"
@@ -88,8 +89,12 @@ TEST(Streaming, ScriptedEventStreamOnAnyPathIsRelayedEventByEvent) {
     EXPECT_GE(res.events[i].at - res.events[i - 1].at, 150ms) << "event " << i << " arrived with the one before it";
 }
 
+/// Events enough that a stream never ends by itself while a test runs (50 ms apart: 83 minutes):
+/// the replica's connection can then only close because ingressd closed it.
+constexpr std::size_t endless = 100000;
+
 TEST(Streaming, ClientDisconnectMidStreamClosesTheUpstream) {
-  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, 200));  // ~10 s if nobody stops it
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, endless));
   proxy p(test_config());
   route_all_to(p, r);
 
@@ -102,17 +107,18 @@ TEST(Streaming, ClientDisconnectMidStreamClosesTheUpstream) {
   ASSERT_GE(partial.events.size(), 2u) << "events should be arriving already";
   EXPECT_EQ(r.aborted_responses(), 0u);
 
-  const auto closed_at = clock::now();
   c.close();
-  ASSERT_TRUE(r.wait_for_aborted_responses(1, 3s)) << "the replica never saw its connection close";
-  EXPECT_LT(clock::now() - closed_at, 1s) << "the upstream must be cancelled promptly";
+  // The stream cannot end by itself: its abort is ingressd cancelling the upstream, and the
+  // request is counted as the client's leaving.
+  ASSERT_TRUE(r.wait_for_aborted_responses(1, 10s)) << "the replica never saw its connection close";
+  EXPECT_EQ(testing::wait_client_left(p.admin_port(), 1), 1);
 }
 
 TEST(Streaming, ClientDisconnectWhileReplicaHangsBeforeHeadersClosesTheUpstream) {
   replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   r.set_behaviour(replica_behaviour::hang());
   auto cfg = test_config();
-  cfg.upstream.first_byte_timeout = 20s;  // a long prefill: only the client's leaving ends it
+  cfg.upstream.first_byte_timeout = std::chrono::hours(1);  // a long prefill: only the client's leaving ends it
   proxy p(cfg);
   route_all_to(p, r);
 
@@ -122,14 +128,16 @@ TEST(Streaming, ClientDisconnectWhileReplicaHangsBeforeHeadersClosesTheUpstream)
   ASSERT_TRUE(r.wait_for_requests(1, 5s));
   EXPECT_FALSE(r.wait_for_aborted_responses(1, 100ms)) << "nothing should close the upstream yet";
 
-  const auto closed_at = clock::now();
   c.close();
-  ASSERT_TRUE(r.wait_for_aborted_responses(1, 3s)) << "the replica never saw its connection close";
-  EXPECT_LT(clock::now() - closed_at, 1s) << "must not wait for first_byte_timeout";
+  // first_byte_timeout is an hour away: the close is ingressd reacting to the client (499), not
+  // a timeout (504).
+  ASSERT_TRUE(r.wait_for_aborted_responses(1, 10s)) << "the replica never saw its connection close";
+  EXPECT_EQ(testing::wait_client_left(p.admin_port(), 1), 1);
+  EXPECT_EQ(testing::requests_with_code(testing::scrape_metrics(p.admin_port()), "504"), 0);
 }
 
 TEST(Streaming, ClientResetMidStreamClosesTheUpstream) {
-  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, 200));
+  replica_server r(replica_named("SERVE_REPLICA::llm#A#1", 50ms, endless));
   proxy p(test_config());
   route_all_to(p, r);
 
@@ -138,10 +146,9 @@ TEST(Streaming, ClientResetMidStreamClosesTheUpstream) {
   ASSERT_TRUE(c.write(stream_request(p)));
   auto partial = c.read_response(300ms);
   ASSERT_GE(partial.events.size(), 1u) << partial.error;
-  const auto reset_at = clock::now();
   c.reset();
-  ASSERT_TRUE(r.wait_for_aborted_responses(1, 3s));
-  EXPECT_LT(clock::now() - reset_at, 1s);
+  ASSERT_TRUE(r.wait_for_aborted_responses(1, 10s)) << "the replica never saw its connection close";
+  EXPECT_EQ(testing::wait_client_left(p.admin_port(), 1), 1);
 }
 
 TEST(Streaming, UpstreamResetMidStreamIsNeverACleanEnd) {
@@ -221,7 +228,8 @@ TEST(Streaming, MalformedUpstreamResponseHeadIs502) {
 
 TEST(Streaming, UpstreamStallMidStreamAbortsAfterIdleTimeout) {
   replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
-  r.set_behaviour(replica_behaviour::stream_events(3, 5s));  // stalls 5 s after the first event
+  // Stalls an hour after the first event: only upstream.idle_timeout can end the stream.
+  r.set_behaviour(replica_behaviour::stream_events(3, std::chrono::hours(1)));
   auto cfg = test_config();
   cfg.upstream.idle_timeout = 300ms;
   proxy p(cfg);
@@ -230,14 +238,13 @@ TEST(Streaming, UpstreamStallMidStreamAbortsAfterIdleTimeout) {
   auto c = connection::open(loopback, p.port());
   ASSERT_TRUE(c.connected()) << c.error();
   ASSERT_TRUE(c.write(stream_request(p)));
-  auto res = c.read_response(3s);
+  auto res = c.read_response(10s);
   EXPECT_EQ(res.status, 200u);
   EXPECT_FALSE(res.timed_out) << "a stalled stream must be aborted after upstream.idle_timeout";
   EXPECT_FALSE(res.complete) << "a stalled stream must not be ended cleanly";
   ASSERT_EQ(res.events.size(), 1u);
   EXPECT_GE(res.finished_at - res.events.front().at, 250ms);
-  EXPECT_LT(res.finished_at - res.events.front().at, 2s);
-  EXPECT_TRUE(r.wait_for_aborted_responses(1, 2s)) << "the stalled upstream must be closed too";
+  EXPECT_TRUE(r.wait_for_aborted_responses(1, 10s)) << "the stalled upstream must be closed too";
 }
 
 TEST(Streaming, TwoStreamsInARowOnOneConnection) {
@@ -340,7 +347,7 @@ TEST(Streaming, UpstreamCloseBeforeHeadersIs502WithoutRetry) {
 TEST(Streaming, ClientDisconnectDuringUploadClosesTheUpstream) {
   replica_server r(replica_named("SERVE_REPLICA::llm#A#1"));
   auto cfg = test_config();
-  cfg.client.body_timeout = 20s;  // only the client's leaving can end this upload early
+  cfg.client.body_timeout = std::chrono::hours(1);  // only the client's leaving can end this upload
   proxy p(cfg);
   route_all_to(p, r);
 
@@ -348,10 +355,9 @@ TEST(Streaming, ClientDisconnectDuringUploadClosesTheUpstream) {
   ASSERT_TRUE(c.connected()) << c.error();
   ASSERT_TRUE(c.write("POST /v1/upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + std::string(20000, 'u')));
   ASSERT_TRUE(r.wait_for_connections(1, 5s)) << "the upload should be on its way to the replica";
-  const auto closed_at = clock::now();
   c.close();
-  ASSERT_TRUE(r.wait_for_disconnects(1, 3s)) << "the replica never saw the aborted upload's connection close";
-  EXPECT_LT(clock::now() - closed_at, 1s);
+  ASSERT_TRUE(r.wait_for_disconnects(1, 10s)) << "the replica never saw the aborted upload's connection close";
+  EXPECT_EQ(testing::wait_client_left(p.admin_port(), 1), 1);
   EXPECT_EQ(r.request_count(), 0u) << "a truncated upload must never look complete to the replica";
 }
 
