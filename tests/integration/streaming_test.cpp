@@ -303,8 +303,7 @@ TEST(Streaming, UpstreamHangBeforeHeadersIs504AfterFirstByteTimeout) {
   ASSERT_TRUE(res.complete) << res.error;
   EXPECT_EQ(res.status, 504u);
   EXPECT_EQ(res.header("x-serve-reason").value_or(""), "upstream_timeout");
-  EXPECT_GE(took, 250ms);
-  EXPECT_LT(took, 3s);
+  EXPECT_GE(took, 250ms);  // (a lower bound only: a loaded machine can only make it later)
   const auto& hung = r.request_count() == 1 ? r : r2;
   EXPECT_TRUE(hung.wait_for_aborted_responses(1, 2s)) << "the hung upstream connection must be closed";
   EXPECT_EQ(r.request_count() + r2.request_count(), 1u) << "no retry once the request was sent";
