@@ -995,160 +995,227 @@ std::variant<config, config_error> load_yaml(const std::string& text, const std:
   }
 }
 
-std::optional<config_error> validate(const config& cfg, bool demo) {
-  // Single-value rules first: load_yaml and the flags already enforce them (with line numbers),
-  // but a config built in code (tests, embedders) only meets them here.
-  auto fail = [](std::string_view key, const std::string& p) {
-    return config_error{std::string{key} + ": " + p};
-  };
-  if (auto p = check_host_port(cfg.listen)) return fail("listen", *p);
-  if (auto p = check_host_port(cfg.admin_listen)) return fail("admin_listen", *p);
-  if (cfg.tls.enabled()) {
-    if (auto p = check_host_port(cfg.tls.listen)) return fail("tls.listen", *p);
-  }
-  if (cfg.grpc.enabled()) {
-    if (auto p = check_host_port(cfg.grpc.listen)) return fail("grpc.listen", *p);
-  }
-  if (auto p = check_count(cfg.grpc.max_concurrent_streams, 1, max_grpc_streams))
-    return fail("grpc.max_concurrent_streams", *p);
-  if (auto p = check_health_path(cfg.grpc.health_path)) return fail("grpc.health_path", *p);
-  if (auto p = check_tls_version(cfg.tls.min_version)) return fail("tls.min_version", *p);
-  if (auto p = check_not_empty(cfg.tls.ciphers)) return fail("tls.ciphers", *p);
-  if (auto p = check_not_empty(cfg.tls.ciphersuites)) return fail("tls.ciphersuites", *p);
-  if (auto p = check_count(cfg.threads, 0, max_threads)) return fail("threads", *p);
-  if (auto p = check_count(cfg.busy_poll_us, 0, max_busy_poll_us)) return fail("busy_poll_us", *p);
-  if (!cfg.node_ip.empty()) {
-    if (auto p = check_ip(cfg.node_ip)) return fail("node_ip", *p);
-  }
-  if (auto p = check_root_path(cfg.root_path)) return fail("root_path", *p);
-  if (auto p = check_access_log(cfg.access_log)) return fail("access_log", *p);
-  if (!cfg.topology.ray_dashboard.empty()) {
-    if (auto p = check_http_url(cfg.topology.ray_dashboard)) return fail("topology.ray_dashboard", *p);
-  }
-  if (!cfg.topology.url.empty()) {
-    if (auto p = check_http_url(cfg.topology.url)) return fail("topology.url", *p);
-  }
-  if (!cfg.topology.local_dial_host.empty()) {
-    if (auto p = check_host(cfg.topology.local_dial_host)) return fail("topology.local_dial_host", *p);
-  }
-  if (auto p = check_methods(cfg.router.methods)) return fail("router.methods", *p);
-  if (auto p = check_session_header(cfg.router.session_header)) return fail("router.session_header", *p);
-  if (std::any_of(cfg.router.session_header.begin(), cfg.router.session_header.end(),
-                  [](char c) { return c >= 'A' && c <= 'Z'; })) {
-    return fail("router.session_header", "must be lowercase, got " + in_quotes(cfg.router.session_header));
-  }
-  if (auto p = check_health_path(cfg.health.path)) return fail("health.path", *p);
+namespace {
 
-  const std::pair<std::string_view, duration> positive[] = {
-      {"topology.poll_interval", cfg.topology.poll_interval},
-      {"topology.timeout", cfg.topology.timeout},
-      {"router.timeout", cfg.router.timeout},
-      {"upstream.connect_timeout", cfg.upstream.connect_timeout},
-      {"upstream.first_byte_timeout", cfg.upstream.first_byte_timeout},
-      {"upstream.idle_timeout", cfg.upstream.idle_timeout},
-      {"client.header_timeout", cfg.client.header_timeout},
-      {"client.body_timeout", cfg.client.body_timeout},
-      {"client.keepalive_timeout", cfg.client.keepalive_timeout},
-      {"health.interval", cfg.health.interval},
-      {"health.fast_interval", cfg.health.fast_interval},
-      {"health.timeout", cfg.health.timeout},
-      {"tls.handshake_timeout", cfg.tls.handshake_timeout},
-  };
-  for (const auto& [key, value] : positive) {
-    if (auto p = check_duration(value, zero::forbidden)) return fail(key, *p);
-    if (value > max_duration) return fail(key, "must be at most " + format_duration(max_duration));
-  }
-  const std::pair<std::string_view, duration> non_negative[] = {
-      {"router.body_wait", cfg.router.body_wait},
-      {"drain.min_period", cfg.drain.min_period},
-      {"drain.timeout", cfg.drain.timeout},
-  };
-  for (const auto& [key, value] : non_negative) {
-    if (auto p = check_duration(value, zero::allowed)) return fail(key, *p);
-    if (value > max_duration) return fail(key, "must be at most " + format_duration(max_duration));
-  }
-  if (auto p = check_size(cfg.client.max_header_bytes, min_header_bytes, max_header_bytes_limit)) {
-    return fail("client.max_header_bytes", *p);
-  }
-  if (cfg.client.max_body_bytes == 0) return fail("client.max_body_bytes", "must be at least 1B");
-  if (cfg.client.max_connections == 0) return fail("client.max_connections", "must be at least 1");
-  if (cfg.client.proxy_protocol && cfg.client.trusted_proxies.empty())
-    return fail("client.proxy_protocol",
-                "needs client.trusted_proxies (--trusted-proxy): the load balancers that send the PROXY headers");
-  if (cfg.health.fall == 0) return fail("health.fall", "must be at least 1");
-  if (cfg.health.rise == 0) return fail("health.rise", "must be at least 1");
+// ---------------------------------------------------------------------------------------------
+// validate(): one rule per concern, run in a fixed order so that a config with several mistakes
+// always reports the same one first.
 
-  // Cross-field rules.
-  if (cfg.router.forward_body && cfg.router.body_limit == 0) {
+using rule_result = std::optional<config_error>;
+
+/// (key, what is wrong with its value): a rule's list of single-value checks, in reporting order.
+using field_check = std::pair<std::string_view, problem>;
+
+rule_result first_failure(std::initializer_list<field_check> checks) {
+  for (const auto& [key, p] : checks)
+    if (p) return config_error{std::string{key} + ": " + *p};
+  return std::nullopt;
+}
+
+/// "" means the optional setting is unset: nothing to check.
+template <class Check>
+problem if_set(const std::string& value, Check check) {
+  return value.empty() ? problem{} : check(value);
+}
+
+problem check_at_least_one(std::uint64_t value, std::string_view unit = "") {
+  if (value == 0) return "must be at least 1" + std::string{unit};
+  return std::nullopt;
+}
+
+/// The session id is matched against header names as the parser stores them: lowercased.
+problem check_lowercase(const std::string& text) {
+  if (std::any_of(text.begin(), text.end(), [](char c) { return c >= 'A' && c <= 'Z'; }))
+    return "must be lowercase, got " + in_quotes(text);
+  return std::nullopt;
+}
+
+problem check_timeout(duration d, zero z) {
+  if (auto p = check_duration(d, z)) return p;
+  if (d > max_duration) return "must be at most " + format_duration(max_duration);
+  return std::nullopt;
+}
+
+// Single-value rules: load_yaml and the flags already enforce them (with line numbers), but a
+// config built in code (tests, embedders) only meets them here.
+
+rule_result listener_addresses(const config& cfg) {
+  return first_failure({
+      {"listen", check_host_port(cfg.listen)},
+      {"admin_listen", check_host_port(cfg.admin_listen)},
+      {"tls.listen", cfg.tls.enabled() ? check_host_port(cfg.tls.listen) : problem{}},
+      {"grpc.listen", cfg.grpc.enabled() ? check_host_port(cfg.grpc.listen) : problem{}},
+  });
+}
+
+rule_result tls_and_grpc_values(const config& cfg) {
+  return first_failure({
+      {"grpc.max_concurrent_streams", check_count(cfg.grpc.max_concurrent_streams, 1, max_grpc_streams)},
+      {"grpc.health_path", check_health_path(cfg.grpc.health_path)},
+      {"tls.min_version", check_tls_version(cfg.tls.min_version)},
+      {"tls.ciphers", check_not_empty(cfg.tls.ciphers)},
+      {"tls.ciphersuites", check_not_empty(cfg.tls.ciphersuites)},
+  });
+}
+
+rule_result process_values(const config& cfg) {
+  return first_failure({
+      {"threads", check_count(cfg.threads, 0, max_threads)},
+      {"busy_poll_us", check_count(cfg.busy_poll_us, 0, max_busy_poll_us)},
+      {"node_ip", if_set(cfg.node_ip, check_ip)},
+      {"root_path", check_root_path(cfg.root_path)},
+      {"access_log", check_access_log(cfg.access_log)},
+  });
+}
+
+rule_result topology_values(const config& cfg) {
+  return first_failure({
+      {"topology.ray_dashboard", if_set(cfg.topology.ray_dashboard, check_http_url)},
+      {"topology.url", if_set(cfg.topology.url, check_http_url)},
+      {"topology.local_dial_host", if_set(cfg.topology.local_dial_host, check_host)},
+  });
+}
+
+rule_result router_and_health_path(const config& cfg) {
+  return first_failure({
+      {"router.methods", check_methods(cfg.router.methods)},
+      {"router.session_header", check_session_header(cfg.router.session_header)},
+      {"router.session_header", check_lowercase(cfg.router.session_header)},
+      {"health.path", check_health_path(cfg.health.path)},
+  });
+}
+
+rule_result timeouts(const config& cfg) {
+  return first_failure({
+      {"topology.poll_interval", check_timeout(cfg.topology.poll_interval, zero::forbidden)},
+      {"topology.timeout", check_timeout(cfg.topology.timeout, zero::forbidden)},
+      {"router.timeout", check_timeout(cfg.router.timeout, zero::forbidden)},
+      {"upstream.connect_timeout", check_timeout(cfg.upstream.connect_timeout, zero::forbidden)},
+      {"upstream.first_byte_timeout", check_timeout(cfg.upstream.first_byte_timeout, zero::forbidden)},
+      {"upstream.idle_timeout", check_timeout(cfg.upstream.idle_timeout, zero::forbidden)},
+      {"client.header_timeout", check_timeout(cfg.client.header_timeout, zero::forbidden)},
+      {"client.body_timeout", check_timeout(cfg.client.body_timeout, zero::forbidden)},
+      {"client.keepalive_timeout", check_timeout(cfg.client.keepalive_timeout, zero::forbidden)},
+      {"health.interval", check_timeout(cfg.health.interval, zero::forbidden)},
+      {"health.fast_interval", check_timeout(cfg.health.fast_interval, zero::forbidden)},
+      {"health.timeout", check_timeout(cfg.health.timeout, zero::forbidden)},
+      {"tls.handshake_timeout", check_timeout(cfg.tls.handshake_timeout, zero::forbidden)},
+      // 0 means something here: no body wait, stop accepting at once, abort in-flight requests at once.
+      {"router.body_wait", check_timeout(cfg.router.body_wait, zero::allowed)},
+      {"drain.min_period", check_timeout(cfg.drain.min_period, zero::allowed)},
+      {"drain.timeout", check_timeout(cfg.drain.timeout, zero::allowed)},
+  });
+}
+
+rule_result client_and_health_limits(const config& cfg) {
+  const bool proxy_protocol_untrusted = cfg.client.proxy_protocol && cfg.client.trusted_proxies.empty();
+  return first_failure({
+      {"client.max_header_bytes", check_size(cfg.client.max_header_bytes, min_header_bytes, max_header_bytes_limit)},
+      {"client.max_body_bytes", check_at_least_one(cfg.client.max_body_bytes, "B")},
+      {"client.max_connections", check_at_least_one(cfg.client.max_connections)},
+      {"client.proxy_protocol",
+       proxy_protocol_untrusted
+           ? problem{"needs client.trusted_proxies (--trusted-proxy): the load balancers that send the PROXY headers"}
+           : problem{}},
+      {"health.fall", check_at_least_one(cfg.health.fall)},
+      {"health.rise", check_at_least_one(cfg.health.rise)},
+  });
+}
+
+// Cross-field rules.
+
+rule_result router_body_limit(const config& cfg) {
+  if (cfg.router.forward_body && cfg.router.body_limit == 0)
     return config_error{"router.body_limit: must be at least 1B when router.forward_body is true"};
-  }
+  return std::nullopt;
+}
+
+/// Two listeners collide on the same port when a host is the same or either is a wildcard.
+rule_result distinct(std::string_view name, const host_port& a, std::string_view other_name, const host_port& b) {
   const auto is_wildcard = [](const std::string& host) { return host == "0.0.0.0" || host == "::"; };
-  if (cfg.listen.port != 0 && cfg.listen.port == cfg.admin_listen.port &&
-      (cfg.listen.host == cfg.admin_listen.host || is_wildcard(cfg.listen.host) ||
-       is_wildcard(cfg.admin_listen.host))) {
-    return config_error{"listen (" + cfg.listen.to_string() + ") and admin_listen (" +
-                        cfg.admin_listen.to_string() + ") must use different addresses"};
-  }
+  if (a.port != 0 && a.port == b.port && (a.host == b.host || is_wildcard(a.host) || is_wildcard(b.host)))
+    return config_error{std::string{name} + " (" + a.to_string() + ") and " + std::string{other_name} + " (" +
+                        b.to_string() + ") must use different addresses"};
+  return std::nullopt;
+}
 
-  if (cfg.tls.enabled()) {
-    if (cfg.tls.cert_file.empty() || cfg.tls.key_file.empty()) {
-      return config_error{"tls.listen (" + cfg.tls.listen.to_string() +
-                          ") needs tls.cert_file and tls.key_file (--tls-cert, --tls-key)"};
-    }
-    for (const auto& [name, other] : {std::pair<std::string_view, const host_port*>{"listen", &cfg.listen},
-                                      {"admin_listen", &cfg.admin_listen}}) {
-      if (cfg.tls.listen.port != 0 && cfg.tls.listen.port == other->port &&
-          (cfg.tls.listen.host == other->host || is_wildcard(cfg.tls.listen.host) || is_wildcard(other->host))) {
-        return config_error{"tls.listen (" + cfg.tls.listen.to_string() + ") and " + std::string{name} + " (" +
-                            other->to_string() + ") must use different addresses"};
-      }
-    }
-  }
-  if (cfg.grpc.enabled()) {
-    std::vector<std::pair<std::string_view, const host_port*>> others{{"listen", &cfg.listen},
-                                                                      {"admin_listen", &cfg.admin_listen}};
-    if (cfg.tls.enabled()) others.emplace_back("tls.listen", &cfg.tls.listen);
-    for (const auto& [name, other] : others) {
-      if (cfg.grpc.listen.port != 0 && cfg.grpc.listen.port == other->port &&
-          (cfg.grpc.listen.host == other->host || is_wildcard(cfg.grpc.listen.host) || is_wildcard(other->host))) {
-        return config_error{"grpc.listen (" + cfg.grpc.listen.to_string() + ") and " + std::string{name} + " (" +
-                            other->to_string() + ") must use different addresses"};
-      }
-    }
-  }
-  if (!cfg.tls.enabled() && (!cfg.tls.cert_file.empty() || !cfg.tls.key_file.empty())) {
-    // A certificate without a listener would be ignored: say so instead of serving plain HTTP only.
+rule_result main_and_admin_distinct(const config& cfg) {
+  return distinct("listen", cfg.listen, "admin_listen", cfg.admin_listen);
+}
+
+rule_result tls_listener(const config& cfg) {
+  if (!cfg.tls.enabled()) return std::nullopt;
+  if (cfg.tls.cert_file.empty() || cfg.tls.key_file.empty())
+    return config_error{"tls.listen (" + cfg.tls.listen.to_string() +
+                        ") needs tls.cert_file and tls.key_file (--tls-cert, --tls-key)"};
+  if (auto err = distinct("tls.listen", cfg.tls.listen, "listen", cfg.listen)) return err;
+  return distinct("tls.listen", cfg.tls.listen, "admin_listen", cfg.admin_listen);
+}
+
+rule_result grpc_listener(const config& cfg) {
+  if (!cfg.grpc.enabled()) return std::nullopt;
+  if (auto err = distinct("grpc.listen", cfg.grpc.listen, "listen", cfg.listen)) return err;
+  if (auto err = distinct("grpc.listen", cfg.grpc.listen, "admin_listen", cfg.admin_listen)) return err;
+  if (cfg.tls.enabled()) return distinct("grpc.listen", cfg.grpc.listen, "tls.listen", cfg.tls.listen);
+  return std::nullopt;
+}
+
+rule_result certificate_without_listener(const config& cfg) {
+  // A certificate without a listener would be ignored: say so instead of serving plain HTTP only.
+  if (!cfg.tls.enabled() && (!cfg.tls.cert_file.empty() || !cfg.tls.key_file.empty()))
     return config_error{"tls.cert_file / tls.key_file are set but tls.listen is not (--tls-listen)"};
-  }
+  return std::nullopt;
+}
 
-  std::vector<std::string> sources;
-  if (!cfg.topology.file.empty()) sources.push_back("topology.file / --topology-file = " + in_quotes(cfg.topology.file));
-  if (!cfg.topology.ray_dashboard.empty()) {
-    sources.push_back("topology.ray_dashboard / --ray-dashboard = " + in_quotes(cfg.topology.ray_dashboard));
-  }
-  if (!cfg.topology.url.empty()) sources.push_back("topology.url / --topology-url = " + in_quotes(cfg.topology.url));
-  auto joined = [&sources] {
-    std::string out;
-    for (const auto& s : sources) out += (out.empty() ? "" : "; ") + s;
-    return out;
+/// Exactly one topology source, or none with --demo (which brings its own: a configured source
+/// would be silently ignored).
+rule_result topology_source(const config& cfg, bool demo) {
+  std::string sources;  // "; "-separated, for the messages
+  std::size_t count = 0;
+  auto add = [&](std::string_view what, const std::string& value) {
+    if (value.empty()) return;
+    sources += (sources.empty() ? "" : "; ") + std::string{what} + " = " + in_quotes(value);
+    ++count;
   };
+  add("topology.file / --topology-file", cfg.topology.file);
+  add("topology.ray_dashboard / --ray-dashboard", cfg.topology.ray_dashboard);
+  add("topology.url / --topology-url", cfg.topology.url);
   if (demo) {
-    // The demo brings its own topology; a configured source would be silently ignored.
-    if (!sources.empty()) {
-      return config_error{"--demo uses its built-in topology; remove the topology source (" + joined() + ")"};
-    }
+    if (count > 0) return config_error{"--demo uses its built-in topology; remove the topology source (" + sources + ")"};
     return std::nullopt;
   }
-  if (sources.empty()) {
+  if (count == 0)
     return config_error{"no topology source: set exactly one of --topology-file, --ray-dashboard or "
                         "--topology-url (or topology.file, topology.ray_dashboard, topology.url in the "
                         "config file), or run with --demo"};
-  }
-  if (sources.size() > 1) {
-    return config_error{"more than one topology source is set (" + joined() +
+  if (count > 1)
+    return config_error{"more than one topology source is set (" + sources +
                         "); set exactly one of --topology-file, --ray-dashboard, --topology-url"};
-  }
   return std::nullopt;
+}
+
+/// In reporting order: single values before the rules that relate them.
+constexpr rule_result (*rules[])(const config&) = {
+    listener_addresses,
+    tls_and_grpc_values,
+    process_values,
+    topology_values,
+    router_and_health_path,
+    timeouts,
+    client_and_health_limits,
+    router_body_limit,
+    main_and_admin_distinct,
+    tls_listener,
+    grpc_listener,
+    certificate_without_listener,
+};
+
+}  // namespace
+
+std::optional<config_error> validate(const config& cfg, bool demo) {
+  for (auto rule : rules)
+    if (auto err = rule(cfg)) return err;
+  return topology_source(cfg, demo);
 }
 
 std::string usage() {
