@@ -3,6 +3,7 @@
 // and file handling.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -353,6 +354,112 @@ TEST(MetricsRender, WithoutSourceOrTopologyTimestampsHaveNoSample) {
   EXPECT_EQ(count_prefix(text, "ingressd_topology_last_success_timestamp_seconds "), 0u);
   EXPECT_TRUE(contains_line(text, "ingressd_draining 0"));
   EXPECT_EQ(count_prefix(text, "ingressd_replica_in_flight{"), 0u);
+}
+
+/// Every family and every branch of the exposition at once (TLS, gRPC, Ray's series, hedging,
+/// a draining node, process stats), compared byte for byte with a file: the renderer's layout
+/// may change, its output may not without the golden file changing in the same commit.
+TEST(MetricsRender, MatchesTheGoldenExposition) {
+  auto doc = sample();
+  topology::app chat;
+  chat.name = "chat";
+  chat.replicas = {t("10.0.0.5", 9000, "chat-1")};
+  topology::app quiet;  // a gRPC app nothing was counted for yet
+  quiet.name = "quiet";
+  quiet.replicas = {t("10.0.0.5", 9001, "quiet-1")};
+  doc.grpc_apps = {chat, quiet};
+  doc.apps[0].replicas.push_back(t("10.0.0.5", 30001, "rep-a"));  // listed twice: one series
+  doc.proxies = {{"node-5", "10.0.0.5", "DRAINING"}};
+  auto snap = topology::make_snapshot(doc, "10.0.0.5", "", 7, "file /t.json");
+  // The scrape sees a newer topology than the workers applied: "late" has no blocks yet.
+  topology::app late;
+  late.name = "late";
+  late.route_prefix = "/late";
+  late.replicas = {t("10.0.0.8", 8000, "late-1")};
+  late.routers = {t("10.0.0.5", 30006, "rt-late")};
+  doc.apps.push_back(late);
+  auto newer = topology::make_snapshot(doc, "10.0.0.5", "", 8, "file /t.json", snap.get());
+  topology::snapshot fixed = *newer;  // a fixed `updated`, so that the text does not depend on now
+  fixed.updated = std::chrono::system_clock::time_point(std::chrono::milliseconds(1700000000250));
+
+  worker_metrics w1, w2;
+  std::vector<app_metrics*> g1;
+  auto a = w1.apply(*snap, &g1);
+  auto b = w2.apply(*snap);
+  a[0]->codes.add(200);
+  b[0]->codes.add(200);
+  b[0]->codes.add(503);
+  b[0]->codes.add(1234);  // out of range: code="other"
+  a[0]->duration.observe(30ms);
+  b[0]->duration.observe(2ms);
+  a[0]->first_byte.observe(10ms);
+  a[0]->router_latency[0].observe(1ms);
+  b[0]->router_latency[router_outcome_index(reason::router_non_200)].observe(2ms);
+  b[0]->router_failures[router_outcome_index(reason::router_non_200)].add();
+  a[0]->router(0, "10.0.0.5:30004")->results[static_cast<std::size_t>(attempt_result::ok)].add();
+  b[0]->router(0, "10.0.0.5:30004")->results[static_cast<std::size_t>(attempt_result::cancelled)].add();
+  a[0]->router(0, "10.0.0.5:30004")->latency.observe(1ms);
+  a[0]->router(0, "10.0.0.5:30004")->hedge_delay_us = 1500;
+  b[0]->router(0, "10.0.0.5:30004")->hedge_delay_us = 2500;
+  a[0]->truncations.add();
+  a[0]->hedges[0].add();
+  a[0]->generated[static_cast<std::size_t>(reason::upstream_timeout)].add();
+  a[0]->ray_http.observe("POST", 200, ray_series::route::app, 12ms);
+  b[0]->ray_http.observe("POST", 503, ray_series::route::app, 40ms);
+  w1.no_app().ray_http.observe("GET", 200, ray_series::route::healthz, 1ms);
+  w1.no_app().codes.add(404);
+  w1.no_app().duration.observe(1ms);
+  w1.no_app().generated[static_cast<std::size_t>(reason::no_route)].add();
+  ASSERT_EQ(g1.size(), 2u);
+  g1[0]->grpc_status[0].add();
+  g1[0]->grpc_status[14].add();
+  g1[0]->grpc_duration.observe(5ms);
+  g1[0]->ray_grpc.observe("/chat.Chat/Say", 0, ray_series::route::app, 5ms);
+  g1[0]->ray_grpc.observe("/chat.Chat/Say", 14, ray_series::route::app, 7ms);
+  snap->states.at("10.0.0.6:30001")->up = false;
+  snap->states.at("10.0.0.6:30001")->downs_by_errors = 2;
+  snap->states.at("10.0.0.6:30001")->downs_by_check = 1;
+  snap->states.at("10.0.0.5:30001")->in_flight = 4;
+
+  scrape_input in;
+  in.workers = {&w1, &w2};
+  in.requests_received = 9;
+  in.active_connections = 3;
+  in.active_streams = 2;
+  in.topology = &fixed;
+  in.topology_last_success = 1700000001.5;
+  in.draining = true;
+  in.topology_updates = 4;
+  in.topology_errors = 1;
+  in.config_reloads = 2;
+  in.config_errors = 1;
+  in.config_generations = 2;
+  in.accept_errors = 5;
+  in.proxy_protocol_errors[1] = 3;
+  in.forwarded_chain_errors = 6;
+  in.router_headers_skipped = 7;
+  in.access_log_dropped = 8;
+  in.ray_compatible = true;
+  in.node_ip = "10.0.0.5";
+  in.node_id = "node-5";
+  in.ongoing_http = 1;
+  in.ongoing_grpc = 1;
+  in.tls = scrape_input::tls_input{4, 1, 3, 1, {{"timeout", 2}, {"http_request", 1}}, 1800000000};
+  scrape_input::grpc_input grpc;
+  grpc.connections = 1;
+  grpc.streams = 1;
+  grpc.conn_errors[0] = 2;
+  in.grpc = grpc;
+  in.process = process_stats{1.5, 12, 1024, 4096, 8192, 1700000000.25};
+
+  const std::string text = render(in);
+  const std::string path = std::string(INGRESSD_TEST_DATA) + "/metrics/exposition.golden.txt";
+  if (const char* out = std::getenv("INGRESSD_WRITE_GOLDEN"); out && *out) std::ofstream(path) << text;
+  std::ifstream golden(path, std::ios::binary);
+  ASSERT_TRUE(golden) << path;
+  std::stringstream expected;
+  expected << golden.rdbuf();
+  EXPECT_EQ(text, expected.str());
 }
 
 // --- process metrics --------------------------------------------------------------------------
