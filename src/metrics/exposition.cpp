@@ -86,351 +86,411 @@ std::string grpc_status_label(unsigned code) {
   return "StatusCode." + std::string(code < names.size() ? names[code] : "UNKNOWN");
 }
 
-/// Ray Serve's proxy series (ray python/ray/serve/_private/proxy.py: metric names, tag keys, the
-/// error rule; constants.py: the latency buckets in ms), for Ray's Serve Grafana dashboard.
-void render_ray(text_writer& w, const std::map<std::string, app_sum>& apps, const scrape_input& in) {
-  auto route_of = [](const std::string& app, const app_sum& s, ray_series::route r, bool grpc) -> std::string {
-    switch (r) {
-      case ray_series::route::healthz: return "/-/healthz";
-      case ray_series::route::routes: return "/-/routes";
-      case ray_series::route::app: break;
+/// What every family's samples are read from: the scrape's input and the workers' blocks summed
+/// by app ("" first: requests that matched no app).
+struct scrape {
+  const scrape_input& in;
+  std::map<std::string, app_sum> apps;
+  std::set<std::string> grpc_apps;  ///< apps with a gRPC group now: their OK series show from the start
+};
+
+scrape sum_up(const scrape_input& in) {
+  scrape s{in, {}, {}};
+  s.apps[""];  // requests that matched no app
+  for (const auto* w : in.workers)
+    w->visit([&](const app_metrics& b) { add_block(s.apps[b.name], b); });
+  if (in.topology) {
+    // Every app of the topology has its series, counted yet or not.
+    for (const auto& a : in.topology->apps) {
+      auto& sum = s.apps[a.name];
+      if (!a.router_pool.empty()) sum.routed = true;
     }
-    if (app.empty()) return "";
-    return grpc ? app : s.route_prefix;  // Ray: a gRPC call's route is its app's name
-  };
-  struct protocol {
-    bool grpc;
-    std::string_view requests, errors, latency, ongoing, requests_help, errors_help, latency_help, ongoing_help;
-    std::uint64_t ongoing_value;
-  };
-  std::vector<protocol> protocols{{false, "ray_serve_num_http_requests_total", "ray_serve_num_http_error_requests_total",
-                                   "ray_serve_http_request_latency_ms", "ray_serve_num_ongoing_http_requests",
-                                   "The number of HTTP requests processed.", "The number of errored HTTP responses.",
-                                   "The end-to-end latency of HTTP requests (measured from the Serve HTTP proxy).",
-                                   "The number of ongoing requests in this HTTP proxy.", in.ongoing_http}};
-  if (in.grpc)
-    protocols.push_back({true, "ray_serve_num_grpc_requests_total", "ray_serve_num_grpc_error_requests_total",
-                         "ray_serve_grpc_request_latency_ms", "ray_serve_num_ongoing_grpc_requests",
-                         "The number of gRPC requests processed.", "The number of errored gRPC responses.",
-                         "The end-to-end latency of gRPC requests (measured from the Serve gRPC proxy).",
-                         "The number of ongoing requests in this gRPC proxy.", in.ongoing_grpc});
-  for (const auto& p : protocols) {
-    auto series = [&](const app_sum& s) -> const std::map<app_sum::ray_key, histogram_data>& {
-      return p.grpc ? s.ray_grpc : s.ray_http;
-    };
-    auto status_label = [&](unsigned status) { return p.grpc ? grpc_status_label(status) : std::to_string(status); };
-    // Ray's error rule: an HTTP status of 4xx or 5xx; for gRPC anything but OK.
-    auto is_error = [&](unsigned status) { return p.grpc ? status != 0 : status >= 400; };
-    // f(application, route, method, status label, status, latency) for every series of this protocol.
-    auto each = [&](auto&& f) {
-      for (const auto& [app, s] : apps)
-        for (const auto& [key, h] : series(s)) {
-          const auto& [method, status, r] = key;
-          f(app, route_of(app, s, r, p.grpc), method, status_label(status), status, h);
-        }
-    };
-    using hist = histogram_data;
-    w.family(p.requests, p.requests_help, "counter");
-    each([&](const std::string& app, const std::string& route, const std::string& method, const std::string& code,
-             unsigned, const hist& h) {
-      w.sample(p.requests, {{"application", app}, {"route", route}, {"method", method}, {"status_code", code}}, h.count());
-    });
-    w.family(p.errors, p.errors_help, "counter");
-    each([&](const std::string& app, const std::string& route, const std::string& method, const std::string& code,
-             unsigned status, const hist& h) {
-      if (is_error(status))
-        w.sample(p.errors, {{"application", app}, {"route", route}, {"method", method}, {"error_code", code}}, h.count());
-    });
-    w.family(p.latency, p.latency_help, "histogram");
-    each([&](const std::string& app, const std::string& route, const std::string& method, const std::string& code,
-             unsigned, const hist& h) {
-      w.histogram(p.latency, {{"application", app}, {"route", route}, {"method", method}, {"status_code", code}}, h,
-                  1000.0);
-    });
-    w.family(p.ongoing, p.ongoing_help, "gauge");
-    w.sample(p.ongoing, {{"node_id", in.node_id}, {"node_ip_address", in.node_ip}}, p.ongoing_value);
+    for (const auto& a : in.topology->grpc_apps) s.grpc_apps.insert(a.name);
   }
+  return s;
+}
+
+/// The "" series appear once something was counted there (no empty app="" series).
+bool shown(const std::string& app, const histogram_data& h) { return !app.empty() || h.count() > 0; }
+
+/// Each replica once per app (a name listed twice in a group is one series).
+template <class F>
+void each_replica(const scrape& s, F&& f) {
+  if (!s.in.topology) return;
+  std::set<std::pair<std::string_view, std::string_view>> seen;
+  for (const auto& a : s.in.topology->apps)
+    for (const auto& r : a.replicas)
+      if (seen.emplace(a.name, r.name).second) f(a.name, r);
+}
+
+std::uint64_t flag(bool b) { return b ? 1u : 0u; }
+
+/// One metric family: `# HELP` and `# TYPE`, then its samples. A family whose `present` says no
+/// is left out whole (its listener is not configured).
+struct family {
+  std::string_view name, type, help;
+  void (*samples)(text_writer& w, std::string_view name, const scrape& s);
+  bool (*present)(const scrape_input& in) = nullptr;
+};
+
+/// A family of one unlabelled sample: a field of scrape_input.
+template <auto field>
+void single(text_writer& w, std::string_view name, const scrape& s) {
+  w.sample(name, {}, s.in.*field);
+}
+
+bool with_grpc(const scrape_input& in) { return in.grpc.has_value(); }
+bool with_tls(const scrape_input& in) { return in.tls.has_value(); }
+
+// The ingressd_ families in exposition order (contract §6; docs/operations.md explains each one
+// and what to alert on). Counters of a label set that can happen are exposed from zero, so that
+// rate() sees the first increment; label sets that cannot happen are left out.
+const family families[] = {
+    {"ingressd_requests_received_total", "counter", "Requests whose head was read.",
+     single<&scrape_input::requests_received>},
+    {"ingressd_listener_requests_total", "counter",
+     "Requests whose head was read, by listener: http (listen) or https (tls.listen).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       const std::uint64_t over_tls = s.in.tls ? s.in.tls->requests : 0;
+       w.sample(n, {{"listener", "http"}}, s.in.requests_received - over_tls);
+       if (s.in.tls) w.sample(n, {{"listener", "https"}}, over_tls);
+     }},
+    {"ingressd_requests_total", "counter",
+     "Requests answered, by app and HTTP status code (499: the client left first).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps) {
+         for (const auto& [code, count] : a.codes) w.sample(n, {{"app", app}, {"code", std::to_string(code)}}, count);
+         if (a.other_codes) w.sample(n, {{"app", app}, {"code", "other"}}, a.other_codes);
+       }
+     }},
+    {"ingressd_generated_responses_total", "counter",
+     "Responses ingressd generated itself, by app and the X-Serve-Reason they carried.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         for (std::size_t i = 0; i < reason_count; ++i) {
+           // no_route only ever answers requests that matched no app (app=""), and the other
+           // reasons only come with an app.
+           const bool possible = app.empty() == (static_cast<reason>(i) == reason::no_route);
+           if (a.generated[i] > 0 || (possible && !app.empty()))
+             w.sample(n, {{"app", app}, {"reason", to_string(static_cast<reason>(i))}}, a.generated[i]);
+         }
+     }},
+    {"ingressd_request_duration_seconds", "histogram", "Time from the request head to the end of the response.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (shown(app, a.duration)) w.histogram(n, {{"app", app}}, a.duration);
+     }},
+    {"ingressd_upstream_first_byte_seconds", "histogram",
+     "Time from the request sent to the replica to its response headers (TTFT on streams).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (shown(app, a.first_byte)) w.histogram(n, {{"app", app}}, a.first_byte);
+     }},
+    {"ingressd_router_latency_seconds", "histogram",
+     "Time of the whole routing decision, failovers included, by outcome (ok or the failure reason).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         for (std::size_t i = 0; i < router_outcome_count; ++i)
+           if (a.router_latency[i].count() > 0 || (i == 0 && a.routed))
+             w.histogram(n, {{"app", app}, {"outcome", router_outcome_name(i)}}, a.router_latency[i]);
+     }},
+    {"ingressd_router_attempts_total", "counter",
+     "Router calls by router and result (ok: 200 reply, no_reply: none in time, non_200: other status, "
+     "cancelled: the other call of a hedged pair won first).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         for (const auto& [router, r] : a.routers)
+           for (std::size_t i = 0; i < attempt_result_count; ++i)
+             w.sample(n, {{"app", app}, {"router", router}, {"result", to_string(static_cast<attempt_result>(i))}},
+                      r.results[i]);
+     }},
+    {"ingressd_router_attempt_latency_seconds", "histogram",
+     "Time of one router call, reply or failure, by router and whether it is on this node (colocated).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         for (const auto& [router, r] : a.routers)
+           w.histogram(n, {{"app", app}, {"router", router}, {"colocated", r.colocated ? "true" : "false"}}, r.latency);
+     }},
+    {"ingressd_router_failures_total", "counter", "Routing decisions that failed, by reason.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         for (std::size_t i = 1; i < router_outcome_count; ++i)
+           if (a.routed || a.failures[i] > 0)
+             w.sample(n, {{"app", app}, {"reason", router_outcome_name(i)}}, a.failures[i]);
+     }},
+    {"ingressd_router_truncations_total", "counter",
+     "Routing decisions whose body copy for the router was cut short at router.body_limit.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (a.routed || a.truncations > 0) w.sample(n, {{"app", app}}, a.truncations);
+     }},
+    {"ingressd_router_hedges_total", "counter",
+     "Hedged router calls (router.hedge): sent (a second router was asked), won (its reply was used), "
+     "refused (late, but router.hedge_budget was spent).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (a.routed)
+           for (std::size_t i = 0; i < hedge_result_count; ++i)
+             w.sample(n, {{"app", app}, {"result", to_string(static_cast<hedge_result>(i))}}, a.hedges[i]);
+     }},
+    {"ingressd_router_hedge_delay_seconds", "gauge",
+     "How long a call to another router of the pool waits before it is hedged to this router (the largest "
+     "over the workers; router.hedge auto follows this router's latency). Absent when not hedged.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         for (const auto& [router, r] : a.routers)
+           if (r.hedge_delay_us >= 0)
+             w.sample(n, {{"app", app}, {"router", router}}, static_cast<double>(r.hedge_delay_us) / 1e6);
+     }},
+    {"ingressd_router_colocated_ratio", "gauge", "Share of the app's router pool that is on this node (1 when all).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       if (!s.in.topology) return;
+       for (const auto& a : s.in.topology->apps) {
+         if (a.router_pool.empty()) continue;
+         const auto local =
+             std::count_if(a.router_pool.begin(), a.router_pool.end(), [](const auto& r) { return r.colocated; });
+         w.sample(n, {{"app", a.name}}, static_cast<double>(local) / static_cast<double>(a.router_pool.size()));
+       }
+     }},
+    {"ingressd_replica_up", "gauge",
+     "1 when the replica is up, else 0 (marked down by active health checks or by health.error_limit "
+     "consecutive connection errors).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       each_replica(s, [&](std::string_view app, const topology::endpoint& r) {
+         w.sample(n, {{"app", app}, {"replica", r.name}}, flag(r.state->up.load(std::memory_order_relaxed)));
+       });
+     }},
+    {"ingressd_replica_marked_down_total", "counter",
+     "Times the replica was marked down, by cause: health_check (health.fall failed checks) or "
+     "connection_errors (passive health, health.error_limit).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       each_replica(s, [&](std::string_view app, const topology::endpoint& r) {
+         w.sample(n, {{"app", app}, {"replica", r.name}, {"cause", "health_check"}},
+                  r.state->downs_by_check.load(std::memory_order_relaxed));
+         w.sample(n, {{"app", app}, {"replica", r.name}, {"cause", "connection_errors"}},
+                  r.state->downs_by_errors.load(std::memory_order_relaxed));
+       });
+     }},
+    {"ingressd_replica_in_flight", "gauge", "Requests this daemon has at the replica now (all worker threads).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       each_replica(s, [&](std::string_view app, const topology::endpoint& r) {
+         w.sample(n, {{"app", app}, {"replica", r.name}},
+                  std::uint64_t{r.state->in_flight.load(std::memory_order_relaxed)});
+       });
+     }},
+    {"ingressd_active_connections", "gauge", "Open client connections.", single<&scrape_input::active_connections>},
+    {"ingressd_active_streams", "gauge", "Responses being relayed.", single<&scrape_input::active_streams>},
+
+    // The gRPC listener's families, only with one (grpc.listen).
+    {"ingressd_grpc_requests_total", "counter",
+     "gRPC calls by app and the grpc-status the client got (1 CANCELLED: it reset the call first; app \"\": "
+     "no app matched).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         for (std::size_t i = 0; i < grpc::status_count; ++i)
+           if (a.grpc_status[i] > 0 || (i == 0 && s.grpc_apps.contains(app)))
+             w.sample(n, {{"app", app}, {"grpc_status", std::to_string(i)}}, a.grpc_status[i]);
+     },
+     with_grpc},
+    {"ingressd_grpc_request_duration_seconds", "histogram",
+     "gRPC calls: time from the request headers to the end of the call.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (a.grpc_duration.count() > 0 || s.grpc_apps.contains(app)) w.histogram(n, {{"app", app}}, a.grpc_duration);
+     },
+     with_grpc},
+    {"ingressd_grpc_connections", "gauge",
+     "Open connections on the gRPC listener (in ingressd_active_connections too).",
+     [](text_writer& w, std::string_view n, const scrape& s) { w.sample(n, {}, s.in.grpc->connections); }, with_grpc},
+    {"ingressd_grpc_active_streams", "gauge", "gRPC calls in progress.",
+     [](text_writer& w, std::string_view n, const scrape& s) { w.sample(n, {}, s.in.grpc->streams); }, with_grpc},
+    {"ingressd_grpc_connection_errors_total", "counter",
+     "gRPC listener connections ended by ingressd with GOAWAY, by reason (protocol, flow_control, "
+     "compression, flood, header_list, reset_flood, timeout).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (std::size_t i = 0; i < grpc::conn_error_count; ++i)
+         w.sample(n, {{"reason", grpc::to_string(static_cast<grpc::conn_error>(i))}}, s.in.grpc->conn_errors[i]);
+     },
+     with_grpc},
+
+    // The HTTPS listener's families, only with one (tls.listen).
+    {"ingressd_tls_connections", "gauge",
+     "Open connections on the HTTPS listener (in ingressd_active_connections too).",
+     [](text_writer& w, std::string_view n, const scrape& s) { w.sample(n, {}, s.in.tls->connections); }, with_tls},
+    {"ingressd_tls_handshakes_total", "counter",
+     "TLS handshakes completed, by kind: full, or resumed from a session ticket.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       w.sample(n, {{"kind", "full"}}, s.in.tls->handshakes - s.in.tls->resumed);
+       w.sample(n, {{"kind", "resumed"}}, s.in.tls->resumed);
+     },
+     with_tls},
+    {"ingressd_tls_handshake_failures_total", "counter",
+     "TLS handshakes that failed, by reason: timeout (tls.handshake_timeout), http_request (plain HTTP on "
+     "the HTTPS port), protocol_version, no_shared_cipher, peer_closed, bad_certificate (the client "
+     "refused ours), other.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [why, count] : s.in.tls->failures) w.sample(n, {{"reason", why}}, count);
+     },
+     with_tls},
+    {"ingressd_tls_certificate_expiry_timestamp_seconds", "gauge",
+     "Unix time at which the HTTPS listener's certificate in force expires (its notAfter).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       w.sample(n, {}, static_cast<double>(s.in.tls->not_after));
+     },
+     with_tls},
+
+    {"ingressd_topology_updates_total", "counter", "Topology changes applied.",
+     single<&scrape_input::topology_updates>},
+    {"ingressd_topology_errors_total", "counter", "Topology documents or fetches rejected (the last good one stays).",
+     single<&scrape_input::topology_errors>},
+    {"ingressd_topology_last_update_timestamp_seconds", "gauge",
+     "Unix time at which the topology in force was applied (its last change; /topology last_update).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       if (s.in.topology)
+         w.sample(n, {}, std::chrono::duration<double>(s.in.topology->updated.time_since_epoch()).count());
+     }},
+    // No sample without a source to poll (--demo), so that no staleness alert can fire there.
+    {"ingressd_topology_last_success_timestamp_seconds", "gauge",
+     "Unix time at which the topology source last confirmed the topology in force: a fetch or file check "
+     "that found a valid document, changed or not (0: none yet).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       if (s.in.topology_last_success) w.sample(n, {}, *s.in.topology_last_success);
+     }},
+    {"ingressd_config_reloads_total", "counter", "SIGHUP reloads applied.", single<&scrape_input::config_reloads>},
+    {"ingressd_config_reload_errors_total", "counter", "SIGHUP reloads rejected (the running config stays).",
+     single<&scrape_input::config_errors>},
+    {"ingressd_config_generations", "gauge",
+     "Configs in memory: the one in force plus older ones still held by requests that started under "
+     "them (SIGHUP).",
+     single<&scrape_input::config_generations>},
+    {"ingressd_accept_errors_total", "counter",
+     "Accepts that failed for lack of file descriptors or memory (main and admin listeners); each pauses "
+     "that listener, 5 ms doubling to 1 s.",
+     single<&scrape_input::accept_errors>},
+    {"ingressd_proxy_protocol_errors_total", "counter",
+     "Connections closed without a response for their PROXY protocol header (client.proxy_protocol), by "
+     "reason: untrusted (peer not in client.trusted_proxies), invalid, oversized, truncated, timeout.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (std::size_t i = 0; i < net::proxy_error_count; ++i)
+         w.sample(n, {{"reason", net::to_string(static_cast<net::proxy_error>(i))}}, s.in.proxy_protocol_errors[i]);
+     }},
+    {"ingressd_forwarded_chain_errors_total", "counter",
+     "X-Forwarded-For chains from trusted proxies (client.trusted_proxies) that held something other than "
+     "addresses: ignored, the proxy taken as the client.",
+     single<&scrape_input::forwarded_chain_errors>},
+    {"ingressd_router_reply_headers_skipped_total", "counter",
+     "Members of router replies' request_headers left out because their value was not a string (the reply "
+     "is used without them).",
+     single<&scrape_input::router_headers_skipped>},
+    {"ingressd_access_log_dropped_total", "counter", "Access log lines dropped because the log queue was full.",
+     single<&scrape_input::access_log_dropped>},
+    {"ingressd_draining", "gauge", "1 once SIGTERM or SIGINT has started the drain, else 0.",
+     [](text_writer& w, std::string_view n, const scrape& s) { w.sample(n, {}, flag(s.in.draining)); }},
+    {"ingressd_ray_node_draining", "gauge",
+     "1 while Ray drains this node (its Serve proxy is DRAINING in Ray's proxies map): /-/healthz fails, "
+     "requests are still served.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       w.sample(n, {}, flag(s.in.topology && s.in.topology->ray_node_draining()));
+     }},
+};
+
+// --- Ray Serve's proxy series (metrics.ray_compatible) ----------------------------------------
+// Names, tag keys and the error rule from ray python/ray/serve/_private/proxy.py, the latency
+// buckets (ms) from constants.py: Ray's Serve Grafana dashboard reads them unchanged.
+
+/// One protocol's four Ray families.
+struct ray_protocol {
+  bool grpc;
+  std::string_view requests, errors, latency, ongoing;
+  std::string_view requests_help, errors_help, latency_help, ongoing_help;
+  std::uint64_t scrape_input::*ongoing_value;
+};
+
+constexpr ray_protocol ray_http{false,
+                                "ray_serve_num_http_requests_total",
+                                "ray_serve_num_http_error_requests_total",
+                                "ray_serve_http_request_latency_ms",
+                                "ray_serve_num_ongoing_http_requests",
+                                "The number of HTTP requests processed.",
+                                "The number of errored HTTP responses.",
+                                "The end-to-end latency of HTTP requests (measured from the Serve HTTP proxy).",
+                                "The number of ongoing requests in this HTTP proxy.",
+                                &scrape_input::ongoing_http};
+constexpr ray_protocol ray_grpc{true,
+                                "ray_serve_num_grpc_requests_total",
+                                "ray_serve_num_grpc_error_requests_total",
+                                "ray_serve_grpc_request_latency_ms",
+                                "ray_serve_num_ongoing_grpc_requests",
+                                "The number of gRPC requests processed.",
+                                "The number of errored gRPC responses.",
+                                "The end-to-end latency of gRPC requests (measured from the Serve gRPC proxy).",
+                                "The number of ongoing requests in this gRPC proxy.",
+                                &scrape_input::ongoing_grpc};
+
+/// One series of a protocol, with its labels as Ray writes them.
+struct ray_row {
+  std::string_view app;
+  std::string route, method, code;
+  bool error;
+  const histogram_data* latency;
+};
+
+std::string ray_route(const std::string& app, const app_sum& a, ray_series::route r, bool grpc) {
+  switch (r) {
+    case ray_series::route::healthz: return "/-/healthz";
+    case ray_series::route::routes: return "/-/routes";
+    case ray_series::route::app: break;
+  }
+  if (app.empty()) return "";
+  return grpc ? app : a.route_prefix;  // Ray: a gRPC call's route is its app's name
+}
+
+std::vector<ray_row> ray_rows(const ray_protocol& p, const std::map<std::string, app_sum>& apps) {
+  std::vector<ray_row> rows;
+  for (const auto& [app, a] : apps)
+    for (const auto& [key, h] : p.grpc ? a.ray_grpc : a.ray_http) {
+      const auto& [method, status, r] = key;
+      // Ray's error rule: an HTTP status of 4xx or 5xx; for gRPC anything but OK.
+      rows.push_back({app, ray_route(app, a, r, p.grpc), method,
+                      p.grpc ? grpc_status_label(status) : std::to_string(status),
+                      p.grpc ? status != 0 : status >= 400, &h});
+    }
+  return rows;
+}
+
+void render_ray(text_writer& w, const ray_protocol& p, const scrape& s) {
+  const auto rows = ray_rows(p, s.apps);
+  w.family(p.requests, p.requests_help, "counter");
+  for (const auto& r : rows)
+    w.sample(p.requests, {{"application", r.app}, {"route", r.route}, {"method", r.method}, {"status_code", r.code}},
+             r.latency->count());
+  w.family(p.errors, p.errors_help, "counter");
+  for (const auto& r : rows)
+    if (r.error)
+      w.sample(p.errors, {{"application", r.app}, {"route", r.route}, {"method", r.method}, {"error_code", r.code}},
+               r.latency->count());
+  w.family(p.latency, p.latency_help, "histogram");
+  for (const auto& r : rows)
+    w.histogram(p.latency, {{"application", r.app}, {"route", r.route}, {"method", r.method}, {"status_code", r.code}},
+                *r.latency, 1000.0);
+  w.family(p.ongoing, p.ongoing_help, "gauge");
+  w.sample(p.ongoing, {{"node_id", s.in.node_id}, {"node_ip_address", s.in.node_ip}}, s.in.*p.ongoing_value);
 }
 
 }  // namespace
 
 std::string render(const scrape_input& in) {
-  std::map<std::string, app_sum> apps;
-  apps[""];  // requests that matched no app
-  for (const auto* w : in.workers)
-    w->visit([&](const app_metrics& b) { add_block(apps[b.name], b); });
-  if (in.topology)
-    for (const auto& a : in.topology->apps) {
-      auto& s = apps[a.name];
-      if (!a.router_pool.empty()) s.routed = true;
-    }
-  // The "" series appear once something was counted there (no empty app="" series).
-  auto shown = [](const std::string& name, const histogram_data& h) { return !name.empty() || h.count() > 0; };
-
+  const scrape s = sum_up(in);
   text_writer w;
-  w.family("ingressd_requests_received_total", "Requests whose head was read.", "counter");
-  w.sample("ingressd_requests_received_total", {}, in.requests_received);
-
-  w.family("ingressd_listener_requests_total",
-           "Requests whose head was read, by listener: http (listen) or https (tls.listen).", "counter");
-  const std::uint64_t over_tls = in.tls ? in.tls->requests : 0;
-  w.sample("ingressd_listener_requests_total", {{"listener", "http"}}, in.requests_received - over_tls);
-  if (in.tls) w.sample("ingressd_listener_requests_total", {{"listener", "https"}}, over_tls);
-
-  w.family("ingressd_requests_total", "Requests answered, by app and HTTP status code (499: the client left first).",
-           "counter");
-  for (const auto& [app, s] : apps) {
-    for (const auto& [code, n] : s.codes) {
-      const auto c = std::to_string(code);
-      w.sample("ingressd_requests_total", {{"app", app}, {"code", c}}, n);
-    }
-    if (s.other_codes) w.sample("ingressd_requests_total", {{"app", app}, {"code", "other"}}, s.other_codes);
+  for (const auto& f : families) {
+    if (f.present && !f.present(in)) continue;
+    w.family(f.name, f.help, f.type);
+    f.samples(w, f.name, s);
   }
-
-  w.family("ingressd_generated_responses_total",
-           "Responses ingressd generated itself, by app and the X-Serve-Reason they carried.", "counter");
-  for (const auto& [app, s] : apps)
-    for (std::size_t i = 0; i < reason_count; ++i) {
-      // Zeros too, so that rate() sees the first one; but no_route only ever answers requests
-      // that matched no app (app=""), and the other reasons only come with an app.
-      const bool possible = app.empty() == (static_cast<reason>(i) == reason::no_route);
-      if (s.generated[i] > 0 || (possible && !app.empty()))
-        w.sample("ingressd_generated_responses_total", {{"app", app}, {"reason", to_string(static_cast<reason>(i))}},
-                 s.generated[i]);
-    }
-
-  w.family("ingressd_request_duration_seconds", "Time from the request head to the end of the response.",
-           "histogram");
-  for (const auto& [app, s] : apps)
-    if (shown(app, s.duration)) w.histogram("ingressd_request_duration_seconds", {{"app", app}}, s.duration);
-
-  w.family("ingressd_upstream_first_byte_seconds",
-           "Time from the request sent to the replica to its response headers (TTFT on streams).", "histogram");
-  for (const auto& [app, s] : apps)
-    if (shown(app, s.first_byte)) w.histogram("ingressd_upstream_first_byte_seconds", {{"app", app}}, s.first_byte);
-
-  w.family("ingressd_router_latency_seconds",
-           "Time of the whole routing decision, failovers included, by outcome (ok or the failure reason).",
-           "histogram");
-  for (const auto& [app, s] : apps)
-    for (std::size_t i = 0; i < router_outcome_count; ++i)
-      if (s.router_latency[i].count() > 0 || (i == 0 && s.routed))
-        w.histogram("ingressd_router_latency_seconds", {{"app", app}, {"outcome", router_outcome_name(i)}},
-                    s.router_latency[i]);
-
-  w.family("ingressd_router_attempts_total",
-           "Router calls by router and result (ok: 200 reply, no_reply: none in time, non_200: other status, "
-           "cancelled: the other call of a hedged pair won first).",
-           "counter");
-  for (const auto& [app, s] : apps)
-    for (const auto& [router, r] : s.routers)
-      for (std::size_t i = 0; i < attempt_result_count; ++i)
-        w.sample("ingressd_router_attempts_total",
-                 {{"app", app}, {"router", router}, {"result", to_string(static_cast<attempt_result>(i))}},
-                 r.results[i]);
-
-  w.family("ingressd_router_attempt_latency_seconds",
-           "Time of one router call, reply or failure, by router and whether it is on this node (colocated).",
-           "histogram");
-  for (const auto& [app, s] : apps)
-    for (const auto& [router, r] : s.routers)
-      w.histogram("ingressd_router_attempt_latency_seconds",
-                  {{"app", app}, {"router", router}, {"colocated", r.colocated ? "true" : "false"}}, r.latency);
-
-  w.family("ingressd_router_failures_total", "Routing decisions that failed, by reason.", "counter");
-  for (const auto& [app, s] : apps)
-    for (std::size_t i = 1; i < router_outcome_count; ++i)
-      if (s.routed || s.failures[i] > 0)
-        w.sample("ingressd_router_failures_total", {{"app", app}, {"reason", router_outcome_name(i)}}, s.failures[i]);
-
-  w.family("ingressd_router_truncations_total",
-           "Routing decisions whose body copy for the router was cut short at router.body_limit.",
-           "counter");
-  for (const auto& [app, s] : apps)
-    if (s.routed || s.truncations > 0) w.sample("ingressd_router_truncations_total", {{"app", app}}, s.truncations);
-
-  w.family("ingressd_router_hedges_total",
-           "Hedged router calls (router.hedge): sent (a second router was asked), won (its reply was used), "
-           "refused (late, but router.hedge_budget was spent).",
-           "counter");
-  for (const auto& [app, s] : apps)
-    if (s.routed)
-      for (std::size_t i = 0; i < hedge_result_count; ++i)
-        w.sample("ingressd_router_hedges_total", {{"app", app}, {"result", to_string(static_cast<hedge_result>(i))}},
-                 s.hedges[i]);
-
-  w.family("ingressd_router_hedge_delay_seconds",
-           "How long a call to another router of the pool waits before it is hedged to this router (the largest "
-           "over the workers; router.hedge auto follows this router's latency). Absent when not hedged.",
-           "gauge");
-  for (const auto& [app, s] : apps)
-    for (const auto& [router, r] : s.routers)
-      if (r.hedge_delay_us >= 0)
-        w.sample("ingressd_router_hedge_delay_seconds", {{"app", app}, {"router", router}},
-                 static_cast<double>(r.hedge_delay_us) / 1e6);
-
-  w.family("ingressd_router_colocated_ratio", "Share of the app's router pool that is on this node (1 when all).",
-           "gauge");
-  if (in.topology)
-    for (const auto& a : in.topology->apps) {
-      if (a.router_pool.empty()) continue;
-      std::size_t local = 0;
-      for (const auto& r : a.router_pool) local += r.colocated ? 1 : 0;
-      w.sample("ingressd_router_colocated_ratio", {{"app", a.name}},
-               static_cast<double>(local) / static_cast<double>(a.router_pool.size()));
-    }
-
-  // Each replica once per app (a name listed twice in a group is one series).
-  auto each_replica = [&](auto&& f) {
-    if (!in.topology) return;
-    std::set<std::pair<std::string_view, std::string_view>> seen;
-    for (const auto& a : in.topology->apps)
-      for (const auto& r : a.replicas)
-        if (seen.emplace(a.name, r.name).second) f(a, r);
-  };
-  w.family("ingressd_replica_up",
-           "1 when the replica is up, else 0 (marked down by active health checks or by health.error_limit "
-           "consecutive connection errors).",
-           "gauge");
-  each_replica([&](const topology::app_view& a, const topology::endpoint& r) {
-    const bool up = r.state->up.load(std::memory_order_relaxed);
-    w.sample("ingressd_replica_up", {{"app", a.name}, {"replica", r.name}}, std::uint64_t{up ? 1u : 0u});
-  });
-  w.family("ingressd_replica_marked_down_total",
-           "Times the replica was marked down, by cause: health_check (health.fall failed checks) or "
-           "connection_errors (passive health, health.error_limit).",
-           "counter");
-  each_replica([&](const topology::app_view& a, const topology::endpoint& r) {
-    w.sample("ingressd_replica_marked_down_total", {{"app", a.name}, {"replica", r.name}, {"cause", "health_check"}},
-             r.state->downs_by_check.load(std::memory_order_relaxed));
-    w.sample("ingressd_replica_marked_down_total",
-             {{"app", a.name}, {"replica", r.name}, {"cause", "connection_errors"}},
-             r.state->downs_by_errors.load(std::memory_order_relaxed));
-  });
-  w.family("ingressd_replica_in_flight", "Requests this daemon has at the replica now (all worker threads).",
-           "gauge");
-  each_replica([&](const topology::app_view& a, const topology::endpoint& r) {
-    w.sample("ingressd_replica_in_flight", {{"app", a.name}, {"replica", r.name}},
-             std::uint64_t{r.state->in_flight.load(std::memory_order_relaxed)});
-  });
-
-  w.family("ingressd_active_connections", "Open client connections.", "gauge");
-  w.sample("ingressd_active_connections", {}, in.active_connections);
-  w.family("ingressd_active_streams", "Responses being relayed.", "gauge");
-  w.sample("ingressd_active_streams", {}, in.active_streams);
-
-  if (in.grpc) {
-    const auto& g = *in.grpc;
-    std::set<std::string> grpc_apps;  // apps with a gRPC group now: their OK series show from the start
-    if (in.topology)
-      for (const auto& a : in.topology->grpc_apps) grpc_apps.insert(a.name);
-    w.family("ingressd_grpc_requests_total",
-             "gRPC calls by app and the grpc-status the client got (1 CANCELLED: it reset the call first; app \"\": "
-             "no app matched).",
-             "counter");
-    for (const auto& [app, s] : apps)
-      for (std::size_t i = 0; i < grpc::status_count; ++i)
-        if (s.grpc_status[i] > 0 || (i == 0 && grpc_apps.contains(app)))
-          w.sample("ingressd_grpc_requests_total", {{"app", app}, {"grpc_status", std::to_string(i)}}, s.grpc_status[i]);
-    w.family("ingressd_grpc_request_duration_seconds", "gRPC calls: time from the request headers to the end of the call.",
-             "histogram");
-    for (const auto& [app, s] : apps)
-      if (s.grpc_duration.count() > 0 || grpc_apps.contains(app))
-        w.histogram("ingressd_grpc_request_duration_seconds", {{"app", app}}, s.grpc_duration);
-    w.family("ingressd_grpc_connections", "Open connections on the gRPC listener (in ingressd_active_connections too).",
-             "gauge");
-    w.sample("ingressd_grpc_connections", {}, g.connections);
-    w.family("ingressd_grpc_active_streams", "gRPC calls in progress.", "gauge");
-    w.sample("ingressd_grpc_active_streams", {}, g.streams);
-    w.family("ingressd_grpc_connection_errors_total",
-             "gRPC listener connections ended by ingressd with GOAWAY, by reason (protocol, flow_control, "
-             "compression, flood, header_list, reset_flood, timeout).",
-             "counter");
-    for (std::size_t i = 0; i < grpc::conn_error_count; ++i)
-      w.sample("ingressd_grpc_connection_errors_total", {{"reason", grpc::to_string(static_cast<grpc::conn_error>(i))}},
-               g.conn_errors[i]);
+  if (in.ray_compatible) {
+    render_ray(w, ray_http, s);
+    if (in.grpc) render_ray(w, ray_grpc, s);
   }
-
-  if (in.tls) {
-    const auto& t = *in.tls;
-    w.family("ingressd_tls_connections", "Open connections on the HTTPS listener (in ingressd_active_connections too).",
-             "gauge");
-    w.sample("ingressd_tls_connections", {}, t.connections);
-    w.family("ingressd_tls_handshakes_total",
-             "TLS handshakes completed, by kind: full, or resumed from a session ticket.", "counter");
-    w.sample("ingressd_tls_handshakes_total", {{"kind", "full"}}, t.handshakes - t.resumed);
-    w.sample("ingressd_tls_handshakes_total", {{"kind", "resumed"}}, t.resumed);
-    w.family("ingressd_tls_handshake_failures_total",
-             "TLS handshakes that failed, by reason: timeout (tls.handshake_timeout), http_request (plain HTTP on "
-             "the HTTPS port), protocol_version, no_shared_cipher, peer_closed, bad_certificate (the client "
-             "refused ours), other.",
-             "counter");
-    for (const auto& [why, n] : t.failures) w.sample("ingressd_tls_handshake_failures_total", {{"reason", why}}, n);
-    w.family("ingressd_tls_certificate_expiry_timestamp_seconds",
-             "Unix time at which the HTTPS listener's certificate in force expires (its notAfter).", "gauge");
-    w.sample("ingressd_tls_certificate_expiry_timestamp_seconds", {}, static_cast<double>(t.not_after));
-  }
-
-  w.family("ingressd_topology_updates_total", "Topology changes applied.", "counter");
-  w.sample("ingressd_topology_updates_total", {}, in.topology_updates);
-  w.family("ingressd_topology_errors_total", "Topology documents or fetches rejected (the last good one stays).",
-           "counter");
-  w.sample("ingressd_topology_errors_total", {}, in.topology_errors);
-  w.family("ingressd_topology_last_update_timestamp_seconds",
-           "Unix time at which the topology in force was applied (its last change; /topology last_update).",
-           "gauge");
-  if (in.topology)
-    w.sample("ingressd_topology_last_update_timestamp_seconds", {},
-             std::chrono::duration<double>(in.topology->updated.time_since_epoch()).count());
-  w.family("ingressd_topology_last_success_timestamp_seconds",
-           "Unix time at which the topology source last confirmed the topology in force: a fetch or file check "
-           "that found a valid document, changed or not (0: none yet).",
-           "gauge");
-  if (in.topology_last_success)
-    w.sample("ingressd_topology_last_success_timestamp_seconds", {}, *in.topology_last_success);
-  w.family("ingressd_config_reloads_total", "SIGHUP reloads applied.", "counter");
-  w.sample("ingressd_config_reloads_total", {}, in.config_reloads);
-  w.family("ingressd_config_reload_errors_total", "SIGHUP reloads rejected (the running config stays).",
-           "counter");
-  w.sample("ingressd_config_reload_errors_total", {}, in.config_errors);
-  w.family("ingressd_config_generations",
-           "Configs in memory: the one in force plus older ones still held by requests that started under "
-           "them (SIGHUP).",
-           "gauge");
-  w.sample("ingressd_config_generations", {}, in.config_generations);
-  w.family("ingressd_accept_errors_total",
-           "Accepts that failed for lack of file descriptors or memory (main and admin listeners); each pauses "
-           "that listener, 5 ms doubling to 1 s.",
-           "counter");
-  w.sample("ingressd_accept_errors_total", {}, in.accept_errors);
-  w.family("ingressd_proxy_protocol_errors_total",
-           "Connections closed without a response for their PROXY protocol header (client.proxy_protocol), by "
-           "reason: untrusted (peer not in client.trusted_proxies), invalid, oversized, truncated, timeout.",
-           "counter");
-  for (std::size_t i = 0; i < net::proxy_error_count; ++i)
-    w.sample("ingressd_proxy_protocol_errors_total", {{"reason", net::to_string(static_cast<net::proxy_error>(i))}},
-             in.proxy_protocol_errors[i]);
-  w.family("ingressd_forwarded_chain_errors_total",
-           "X-Forwarded-For chains from trusted proxies (client.trusted_proxies) that held something other than "
-           "addresses: ignored, the proxy taken as the client.",
-           "counter");
-  w.sample("ingressd_forwarded_chain_errors_total", {}, in.forwarded_chain_errors);
-  w.family("ingressd_router_reply_headers_skipped_total",
-           "Members of router replies' request_headers left out because their value was not a string (the reply "
-           "is used without them).",
-           "counter");
-  w.sample("ingressd_router_reply_headers_skipped_total", {}, in.router_headers_skipped);
-  w.family("ingressd_access_log_dropped_total", "Access log lines dropped because the log queue was full.",
-           "counter");
-  w.sample("ingressd_access_log_dropped_total", {}, in.access_log_dropped);
-  w.family("ingressd_draining", "1 once SIGTERM or SIGINT has started the drain, else 0.", "gauge");
-  w.sample("ingressd_draining", {}, std::uint64_t{in.draining ? 1u : 0u});
-  w.family("ingressd_ray_node_draining",
-           "1 while Ray drains this node (its Serve proxy is DRAINING in Ray's proxies map): /-/healthz fails, "
-           "requests are still served.",
-           "gauge");
-  w.sample("ingressd_ray_node_draining", {}, std::uint64_t{in.topology && in.topology->ray_node_draining() ? 1u : 0u});
-  if (in.ray_compatible) render_ray(w, apps, in);
   if (in.process) render_process(w, *in.process);
   return std::move(w).str();
 }
