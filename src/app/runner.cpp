@@ -85,213 +85,260 @@ spdlog::level::level_enum to_spdlog(config::log_level l) {
   return spdlog::level::info;
 }
 
-}  // namespace
+/// The process's exit code when a step ends it before the daemon serves (contract §1: 0 clean
+/// exit, 1 runtime failure, 2 usage or configuration error); nullopt: go on.
+using early_exit = std::optional<int>;
 
-int run(int argc, const char* const* argv) {
-  auto parsed = config::parse_command_line(argc, argv);
-  if (auto* err = std::get_if<config::config_error>(&parsed)) {
-    std::fprintf(stderr, "ingressd: %s\n", err->message.c_str());
+/// What is decided before the daemon exists. Declared before the daemon in run() so that the
+/// demo cluster and the certificate outlive it.
+struct startup {
+  std::shared_ptr<const config::config> cfg;
+  topology::document doc;  ///< the first topology (file or demo; the other sources fetch it)
+  std::string source;      ///< where the topology comes from, for the log lines
+  std::unique_ptr<demo::cluster> demo_cluster;
+  node_ip_choice node;     ///< empty ip: not chosen yet
+  std::shared_ptr<const tls::server_context> tls;
+};
+
+int answer_help_or_version(const config::command_line& cl) {
+  if (cl.help)
+    std::fputs(config::usage().c_str(), stdout);
+  else
+    std::printf("ingressd %s\n", INGRESSD_VERSION);
+  return 0;
+}
+
+/// The demo cluster lives in this process, on loopback: this node is 127.0.0.1 and the remote
+/// router stands on 127.0.0.3 ("another node").
+early_exit start_demo(startup& s) {
+  auto c = *s.cfg;
+  if (c.node_ip.empty()) {
+    c.node_ip = "127.0.0.1";
+    s.node = node_ip_choice{c.node_ip, "the demo cluster's node"};
+  }
+  // No load balancer stands in front of the demo: Ctrl-C need not wait for one to notice.
+  if (c.drain == config::drain_settings{}) c.drain.min_period = ingressd::duration{0};
+  s.cfg = std::make_shared<const config::config>(std::move(c));
+  try {
+    demo::cluster::options o;
+    o.local_ip = s.cfg->node_ip;
+    s.demo_cluster = std::make_unique<demo::cluster>(o);
+  } catch (const std::exception& e) {
+    spdlog::error("cannot start the demo cluster: {}", e.what());
+    return 1;
+  }
+  s.doc = s.demo_cluster->document();
+  s.source = "demo cluster";
+  return std::nullopt;
+}
+
+/// A bad topology file at start is a configuration error (contract §3.2).
+early_exit read_topology_file(startup& s) {
+  const auto& path = s.cfg->topology.file;
+  s.source = "file " + path;
+  std::string why;
+  auto text = read_file(path, why);
+  if (!text) {
+    std::fprintf(stderr, "ingressd: --topology-file: cannot read '%s': %s\n", path.c_str(), why.c_str());
     return 2;
   }
-  auto& cl = std::get<config::command_line>(parsed);
-  if (cl.help) {
-    std::fputs(config::usage().c_str(), stdout);
-    return 0;
+  auto res = topology::parse_document(*text);
+  if (auto* err = std::get_if<topology::parse_error>(&res)) {
+    std::fprintf(stderr, "ingressd: %s: %s\n", path.c_str(), err->message.c_str());
+    return 2;
   }
-  if (cl.version) {
-    std::printf("ingressd %s\n", INGRESSD_VERSION);
-    return 0;
+  s.doc = std::get<topology::document>(std::move(res));
+  return std::nullopt;
+}
+
+/// The first topology where it is at hand (demo, file); the polled sources deliver theirs later.
+early_exit load_topology(bool demo, startup& s) {
+  const auto& t = s.cfg->topology;
+  if (demo) return start_demo(s);
+  if (!t.file.empty()) return read_topology_file(s);
+  if (!t.ray_dashboard.empty())
+    s.source = "ray dashboard " + t.ray_dashboard;
+  else if (!t.url.empty())
+    s.source = "url " + t.url;
+  return std::nullopt;
+}
+
+/// An unreadable, mismatched or expired certificate at start is a configuration error.
+early_exit load_certificate(startup& s) {
+  if (!s.cfg->tls.enabled()) return std::nullopt;
+  auto loaded = tls::server_context::load(s.cfg->tls, std::chrono::system_clock::now(), s.cfg->grpc.enabled());
+  if (auto* err = std::get_if<std::string>(&loaded)) {
+    std::fprintf(stderr, "ingressd: %s\n", err->c_str());
+    return 2;
   }
-  spdlog::set_default_logger(spdlog::stderr_color_mt("ingressd"));
-  spdlog::set_level(to_spdlog(cl.cfg.level));
-  auto cfg = std::make_shared<const config::config>(cl.cfg);
+  s.tls = std::get<std::shared_ptr<const tls::server_context>>(std::move(loaded));
+  return std::nullopt;
+}
 
-  // Topology at start: a bad file is a configuration error (contract §3.2).
-  topology::document doc;
-  std::string source;
-  std::unique_ptr<demo::cluster> demo_cluster;
-  std::optional<node_ip_choice> demo_node;
-  if (cl.demo) {
-    // The demo cluster lives in this process, on loopback: this node is 127.0.0.1 and the
-    // remote router stands on 127.0.0.3 ("another node").
-    {
-      auto c = *cfg;
-      if (c.node_ip.empty()) {
-        c.node_ip = "127.0.0.1";
-        demo_node = node_ip_choice{c.node_ip, "the demo cluster's node"};
-      }
-      // No load balancer stands in front of the demo: Ctrl-C need not wait for one to notice.
-      if (c.drain == config::drain_settings{}) c.drain.min_period = ingressd::duration{0};
-      cfg = std::make_shared<const config::config>(std::move(c));
-    }
-    try {
-      demo::cluster::options o;
-      o.local_ip = cfg->node_ip;
-      demo_cluster = std::make_unique<demo::cluster>(o);
-    } catch (const std::exception& e) {
-      spdlog::error("cannot start the demo cluster: {}", e.what());
-      return 1;
-    }
-    doc = demo_cluster->document();
-    source = "demo cluster";
-  } else if (!cfg->topology.file.empty()) {
-    source = "file " + cfg->topology.file;
-    std::string why;
-    auto text = read_file(cfg->topology.file, why);
-    if (!text) {
-      std::fprintf(stderr, "ingressd: --topology-file: cannot read '%s': %s\n", cfg->topology.file.c_str(),
-                   why.c_str());
-      return 2;
-    }
-    auto res = topology::parse_document(*text);
-    if (auto* err = std::get_if<topology::parse_error>(&res)) {
-      std::fprintf(stderr, "ingressd: %s: %s\n", cfg->topology.file.c_str(), err->message.c_str());
-      return 2;
-    }
-    doc = std::get<topology::document>(std::move(res));
-  } else if (!cfg->topology.ray_dashboard.empty()) {
-    source = "ray dashboard " + cfg->topology.ray_dashboard;
-  } else if (!cfg->topology.url.empty()) {
-    source = "url " + cfg->topology.url;
-  }
-  auto node = demo_node ? *demo_node : resolve_node_ip(*cfg);
+early_exit prepare(const config::command_line& cl, startup& s) {
+  s.cfg = std::make_shared<const config::config>(cl.cfg);
+  if (auto code = load_topology(cl.demo, s)) return code;
+  if (s.node.ip.empty()) s.node = resolve_node_ip(*s.cfg);
+  return load_certificate(s);
+}
 
-  // The certificate at start: unreadable, mismatched or expired is a configuration error.
-  std::shared_ptr<const tls::server_context> tls_ctx;
-  std::string tls_line;
-  if (cfg->tls.enabled()) {
-    auto loaded = tls::server_context::load(cfg->tls, std::chrono::system_clock::now(), cfg->grpc.enabled());
-    if (auto* err = std::get_if<std::string>(&loaded)) {
-      std::fprintf(stderr, "ingressd: %s\n", err->c_str());
-      return 2;
-    }
-    tls_ctx = std::get<std::shared_ptr<const tls::server_context>>(std::move(loaded));
-    tls_line = ", https " + cfg->tls.listen.to_string() + " (" + tls_ctx->describe() + ")";
-  }
+int print_config_check(const startup& s) {
+  const auto& cfg = *s.cfg;
+  const std::string tls_line =
+      s.tls ? ", https " + cfg.tls.listen.to_string() + " (" + s.tls->describe() + ")" : std::string();
+  std::printf("configuration OK: listen %s, admin %s%s, threads %u, node ip %s (%s), topology %s\n",
+              cfg.listen.to_string().c_str(), cfg.admin_listen.to_string().c_str(), tls_line.c_str(),
+              cfg.effective_threads(), s.node.ip.c_str(), s.node.how.c_str(), s.source.c_str());
+  return 0;
+}
 
-  if (cl.check_config) {
-    std::printf("configuration OK: listen %s, admin %s%s, threads %u, node ip %s (%s), topology %s\n",
-                cfg->listen.to_string().c_str(), cfg->admin_listen.to_string().c_str(), tls_line.c_str(),
-                cfg->effective_threads(), node.ip.c_str(), node.how.c_str(), source.c_str());
-    return 0;
-  }
+/// Publishes each new topology document: logs what changed, points the health checker at the new
+/// targets and hands the snapshot to the daemon. Runs on the main thread only.
+class topology_publisher {
+ public:
+  topology_publisher(daemon& d, health::checker& checker, const startup& s) : d_(d), checker_(checker), s_(s) {}
 
-  daemon d(cfg);
-  if (tls_ctx) d.set_tls(tls_ctx);
-
-  asio::io_context main_ioc(1);
-
-  // Replica health checks, once per daemon (contract health.*): routers are not checked (Ray's
-  // HAProxy does not either); the failover memory covers them.
-  health::checker checker(main_ioc, cfg->health, [&d](const std::string& key, bool up, const std::string& cause) {
-    d.set_replica_health(key, up, cause);
-  }, cfg->grpc.health_path);
-  // Passive health (health.error_limit): the workers have stopped routing to the upstream; the
-  // checker counts it down and checks it now, and its checks bring it back.
-  d.on_passive_down([&checker](const std::string& key) { checker.mark_down(key); });
-
-  std::uint64_t generation = 0;
-  auto publish = [&](topology::document next) {
-    for (const auto& w : next.warnings) spdlog::warn("topology: {}", w);
-    if (!cfg->grpc.enabled())
-      for (const auto& g : next.grpc_apps)
-        spdlog::warn("topology: ignored gRPC target group '{}' (no gRPC listener: grpc.listen / --grpc-listen)", g.name);
+  void operator()(topology::document next) {
+    warn_about(next);
     const bool serve_running = next.serve_running;
-    const auto before = d.current_topology();
-    auto snap = topology::make_snapshot(std::move(next), node.ip, cfg->topology.local_dial_host, ++generation,
-                                        source, before.get(), cfg->ray_node_id);
-    if (snap->ray_node_draining() && !(before && before->ray_node_draining()))
+    const auto before = d_.current_topology();
+    auto snap = topology::make_snapshot(std::move(next), s_.node.ip, s_.cfg->topology.local_dial_host, ++generation_,
+                                        s_.source, before.get(), s_.cfg->ray_node_id);
+    log_change(before.get(), *snap, serve_running);
+    checker_.set_targets(health_targets(*snap));
+    d_.set_topology(std::move(snap));
+  }
+
+ private:
+  void warn_about(const topology::document& next) const {
+    for (const auto& w : next.warnings) spdlog::warn("topology: {}", w);
+    if (!s_.cfg->grpc.enabled())
+      for (const auto& g : next.grpc_apps)
+        spdlog::warn("topology: ignored gRPC target group '{}' (no gRPC listener: grpc.listen / --grpc-listen)",
+                     g.name);
+  }
+
+  static void log_change(const topology::snapshot* before, const topology::snapshot& snap, bool serve_running) {
+    const bool was_draining = before && before->ray_node_draining();
+    if (snap.ray_node_draining() && !was_draining)
       spdlog::warn("topology: Ray is draining this node (its Serve proxy {} is DRAINING): /-/healthz fails, requests "
                    "are still served",
-                   snap->ray_node_id);
-    else if (!snap->ray_node_draining() && before && before->ray_node_draining())
-      spdlog::info("topology: Ray no longer drains this node ({}): /-/healthz passes again", snap->ray_node_status);
+                   snap.ray_node_id);
+    else if (!snap.ray_node_draining() && was_draining)
+      spdlog::info("topology: Ray no longer drains this node ({}): /-/healthz passes again", snap.ray_node_status);
     if (!serve_running)
-      spdlog::info("topology: Serve is not running (no applications) (generation {})", snap->generation);
+      spdlog::info("topology: Serve is not running (no applications) (generation {})", snap.generation);
     else
-      spdlog::info("topology: {} apps, {} routers, {} replicas{} (generation {})", snap->apps.size(),
-                   snap->router_count(), snap->replica_count(),
-                   snap->grpc_apps.empty() ? std::string() : fmt::format(", {} gRPC apps", snap->grpc_apps.size()),
-                   snap->generation);
-    // Replicas and fallback targets are checked (Ray's HAProxy checks its backup server too).
+      spdlog::info("topology: {} apps, {} routers, {} replicas{} (generation {})", snap.apps.size(),
+                   snap.router_count(), snap.replica_count(),
+                   snap.grpc_apps.empty() ? std::string() : fmt::format(", {} gRPC apps", snap.grpc_apps.size()),
+                   snap.generation);
+  }
+
+  /// Replicas and fallback targets, each once (Ray's HAProxy checks its backup server too);
+  /// routers are not checked (Ray's HAProxy does not either): the failover memory covers them.
+  std::vector<health::target_ref> health_targets(const topology::snapshot& snap) const {
     std::vector<health::target_ref> targets;
-    auto check = [&targets, seen = std::unordered_set<std::string>()](const topology::endpoint& e,
-                                                                        bool grpc = false) mutable {
+    std::unordered_set<std::string> seen;
+    auto check = [&](const topology::endpoint& e, bool grpc) {
       if (seen.insert(e.key).second) targets.push_back({e.key, e.dial, grpc});
     };
-    for (const auto& a : snap->apps) {
-      for (const auto& r : a.replicas) check(r);
-      if (a.fallback) check(*a.fallback);
-    }
-    if (snap->fallback) check(*snap->fallback);
+    auto check_group = [&](const std::vector<topology::app_view>& apps,
+                           const std::optional<topology::endpoint>& fallback, bool grpc) {
+      for (const auto& a : apps) {
+        for (const auto& r : a.replicas) check(r, grpc);
+        if (a.fallback) check(*a.fallback, grpc);
+      }
+      if (fallback) check(*fallback, grpc);
+    };
+    check_group(snap.apps, snap.fallback, false);
     // gRPC targets get the gRPC health RPC (grpc.health_path), Ray's Healthz.
-    if (cfg->grpc.enabled()) {
-      for (const auto& a : snap->grpc_apps) {
-        for (const auto& r : a.replicas) check(r, true);
-        if (a.fallback) check(*a.fallback, true);
-      }
-      if (snap->grpc_fallback) check(*snap->grpc_fallback, true);
-    }
-    checker.set_targets(std::move(targets));
-    d.set_topology(std::move(snap));
-  };
-  if (!cfg->topology.file.empty() || cl.demo) publish(doc);
+    if (s_.cfg->grpc.enabled()) check_group(snap.grpc_apps, snap.grpc_fallback, true);
+    return targets;
+  }
 
-  // SIGHUP: the command line is parsed again, so the file is re-read and the flags still override
-  // it; the result is validated whole before anything changes (hardening I2).
-  auto reload = [&] {
-    // Without a config file there is nothing to re-read but the certificate (flags name it).
-    if ((cl.demo || cfg->config_file.empty()) && !cfg->tls.enabled()) {
-      spdlog::warn("SIGHUP: no --config file to reload");
-      return;
-    }
-    auto again = config::parse_command_line(argc, argv);
-    if (auto* err = std::get_if<config::config_error>(&again)) {
-      spdlog::error("SIGHUP: config rejected, the running config stays: {}", err->message);
-      d.count_config_error();
-      return;
-    }
-    auto next = std::make_shared<const config::config>(std::get<config::command_line>(again).cfg);
-    if (auto why = d.reload(next)) {
-      spdlog::error("SIGHUP: config rejected, the running config stays: {}", *why);
-      d.count_config_error();
-      return;
-    }
-    auto checks = next->health;
-    checks.error_limit = cfg->health.error_limit;  // passive health is read per request: it applies
-    if (next->topology != cfg->topology || checks != cfg->health || next->access_log != cfg->access_log ||
-        next->node_ip != cfg->node_ip)
-      spdlog::warn("SIGHUP: topology, health, node_ip and access_log settings take effect on restart");
-    if (!next->config_file.empty()) spdlog::info("SIGHUP: configuration reloaded from {}", next->config_file);
-  };
+  daemon& d_;
+  health::checker& checker_;
+  const startup& s_;
+  std::uint64_t generation_ = 0;
+};
 
-  // Installed before the listeners open: a signal that comes as soon as the port answers is
-  // queued until main_ioc runs, instead of taking its default action and killing the process.
-  asio::signal_set signals(main_ioc, SIGINT, SIGTERM, SIGHUP);
-  signals.add(SIGUSR1);  // reopen the access log (logrotate)
-  std::function<void()> wait_signal = [&] {
-    signals.async_wait([&](error_code ec, int sig) {
+/// SIGHUP: the command line is parsed again, so the file is re-read and the flags still override
+/// it; the result is validated whole before anything changes (hardening I2). `running` is the
+/// config of the start, which the settings that need a restart are compared with.
+void reload(int argc, const char* const* argv, bool demo, const config::config& running, daemon& d) {
+  // Without a config file there is nothing to re-read but the certificate (flags name it).
+  if ((demo || running.config_file.empty()) && !running.tls.enabled()) {
+    spdlog::warn("SIGHUP: no --config file to reload");
+    return;
+  }
+  auto again = config::parse_command_line(argc, argv);
+  if (auto* err = std::get_if<config::config_error>(&again)) {
+    spdlog::error("SIGHUP: config rejected, the running config stays: {}", err->message);
+    d.count_config_error();
+    return;
+  }
+  auto next = std::make_shared<const config::config>(std::get<config::command_line>(again).cfg);
+  if (auto why = d.reload(next)) {
+    spdlog::error("SIGHUP: config rejected, the running config stays: {}", *why);
+    d.count_config_error();
+    return;
+  }
+  auto checks = next->health;
+  checks.error_limit = running.health.error_limit;  // passive health is read per request: it applies
+  if (next->topology != running.topology || checks != running.health || next->access_log != running.access_log ||
+      next->node_ip != running.node_ip)
+    spdlog::warn("SIGHUP: topology, health, node_ip and access_log settings take effect on restart");
+  if (!next->config_file.empty()) spdlog::info("SIGHUP: configuration reloaded from {}", next->config_file);
+}
+
+/// SIGINT and SIGTERM drain (a second SIGINT exits at once), SIGHUP reloads, SIGUSR1 reopens the
+/// access log (logrotate). Constructed before the listeners open: a signal that comes as soon as
+/// the port answers is queued until the main loop runs, instead of taking its default action and
+/// killing the process.
+class signal_handler {
+ public:
+  signal_handler(asio::io_context& ioc, daemon& d, std::function<void()> on_reload)
+      : signals_(ioc, SIGINT, SIGTERM, SIGHUP), d_(d), on_reload_(std::move(on_reload)) {
+    signals_.add(SIGUSR1);
+    wait();
+  }
+  signal_handler(const signal_handler&) = delete;  // the pending wait holds `this`
+  signal_handler& operator=(const signal_handler&) = delete;
+
+  void cancel() { signals_.cancel(); }
+
+ private:
+  void wait() {
+    signals_.async_wait([this](error_code ec, int sig) {
       if (ec) return;
-      if (sig == SIGHUP) {
-        reload();
-      } else if (sig == SIGUSR1) {
-        if (d.reopen_access_log()) spdlog::info("SIGUSR1: access log reopened");
-      } else if (sig == SIGINT && d.draining()) {
-        // A second Ctrl-C: the operator does not want to wait for the drain.
-        spdlog::warn("SIGINT during the drain: exiting now, cutting what is still open");
-        d.stop();
-      } else {
-        spdlog::info("{}: draining (SIGINT again exits at once)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-        d.begin_drain();
-      }
-      wait_signal();
+      handle(sig);
+      wait();
     });
-  };
-  wait_signal();
+  }
 
-  // Every mode but the demo has exactly one topology source (config validation): from the first
-  // scrape on, /metrics says when it last confirmed the topology (0 until its first check).
-  if (!cl.demo) d.expect_topology_source();
+  void handle(int sig) {
+    if (sig == SIGHUP) {
+      on_reload_();
+    } else if (sig == SIGUSR1) {
+      if (d_.reopen_access_log()) spdlog::info("SIGUSR1: access log reopened");
+    } else if (sig == SIGINT && d_.draining()) {
+      // A second Ctrl-C: the operator does not want to wait for the drain.
+      spdlog::warn("SIGINT during the drain: exiting now, cutting what is still open");
+      d_.stop();
+    } else {
+      spdlog::info("{}: draining (SIGINT again exits at once)", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      d_.begin_drain();
+    }
+  }
+
+  asio::signal_set signals_;
+  daemon& d_;
+  std::function<void()> on_reload_;
+};
+
+/// Opens the listeners and starts the workers; a port that cannot be bound is a runtime failure.
+early_exit start_serving(daemon& d, const startup& s) {
   try {
     d.start();
   } catch (const std::exception& e) {
@@ -303,61 +350,114 @@ int run(int argc, const char* const* argv) {
     hp.port = port;
     return hp.to_string();
   };
+  const auto& cfg = *s.cfg;
   spdlog::info("ingressd {} listening on {} (admin {}){}{}, {} threads, node ip {} ({}), topology {}",
-               INGRESSD_VERSION, bound(cfg->listen, d.port()), bound(cfg->admin_listen, d.admin_port()),
-               tls_ctx ? ", https " + bound(cfg->tls.listen, d.tls_port()) : std::string(),
-               cfg->grpc.enabled() ? ", grpc " + bound(cfg->grpc.listen, d.grpc_port()) : std::string(),
-               cfg->effective_threads(), node.ip, node.how, source);
+               INGRESSD_VERSION, bound(cfg.listen, d.port()), bound(cfg.admin_listen, d.admin_port()),
+               s.tls ? ", https " + bound(cfg.tls.listen, d.tls_port()) : std::string(),
+               cfg.grpc.enabled() ? ", grpc " + bound(cfg.grpc.listen, d.grpc_port()) : std::string(),
+               cfg.effective_threads(), s.node.ip, s.node.how, s.source);
+  return std::nullopt;
+}
 
+/// The source that keeps the topology current (none for the demo). The file source starts from
+/// the document already published, so that it reports changes only.
+std::unique_ptr<topology::source> start_topology_source(asio::io_context& ioc, const startup& s,
+                                                        topology_publisher& publish, daemon& d) {
   topology::source_callbacks callbacks{
-      [&](topology::document next) { publish(std::move(next)); },
-      [&](std::string error) {
+      [&publish](topology::document next) { publish(std::move(next)); },
+      [&d](std::string error) {
         spdlog::error("topology rejected, keeping the last good one: {}", error);
         d.count_topology_error();
       },
-      [&] { d.note_topology_current(); }};
-  std::unique_ptr<topology::source> topo_source;
-  if (!cfg->topology.file.empty())
-    topo_source = topology::make_file_source(main_ioc, cfg->topology.file, callbacks, doc);
-  else if (!cfg->topology.ray_dashboard.empty())
-    topo_source = topology::make_dashboard_source(main_ioc, cfg->topology.ray_dashboard,
-                                                  cfg->topology.poll_interval, cfg->topology.timeout, callbacks);
-  else if (!cfg->topology.url.empty())
-    topo_source = topology::make_http_source(main_ioc, cfg->topology.url, cfg->topology.poll_interval,
-                                             cfg->topology.timeout, callbacks);
-  if (topo_source) topo_source->start();
+      [&d] { d.note_topology_current(); }};
+  const auto& t = s.cfg->topology;
+  std::unique_ptr<topology::source> source;
+  if (!t.file.empty())
+    source = topology::make_file_source(ioc, t.file, callbacks, s.doc);
+  else if (!t.ray_dashboard.empty())
+    source = topology::make_dashboard_source(ioc, t.ray_dashboard, t.poll_interval, t.timeout, callbacks);
+  else if (!t.url.empty())
+    source = topology::make_http_source(ioc, t.url, t.poll_interval, t.timeout, callbacks);
+  if (source) source->start();
+  return source;
+}
 
-  if (cl.demo) {
-    auto base = fmt::format("http://127.0.0.1:{}", d.port());
-    auto admin = fmt::format("http://127.0.0.1:{}", d.admin_port());
-    std::printf(
-        "\ningressd demo: 3 replicas streaming SSE, 2 routers on this node (%s), 1 on another (127.0.0.3)\n\n"
-        "  # a streamed chat completion, routed by a co-located router:\n"
-        "  curl -N %s/v1/chat/completions -H 'content-type: application/json' \\\n"
-        "       -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n"
-        "  # the same with headers: x-served-by names the replica the router picked\n"
-        "  curl -si %s/v1/chat/completions -d '{\"stream\":false}' | grep -i x-served-by\n"
-        "  # a plain GET (no router call, least-loaded replica) and the echo app\n"
-        "  curl -s %s/v1/models; echo; curl -s %s/echo/hello; echo\n"
-        "  # health, routes, topology (router pool, co-located first) and metrics\n"
-        "  curl -s %s/-/healthz; echo; curl -s %s/-/routes; echo\n"
-        "  curl -s %s/topology; echo; curl -s %s/metrics\n\n"
-        "Ctrl-C drains and exits.\n",
-        cfg->node_ip.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(),
-        admin.c_str(), admin.c_str());
-    std::fflush(stdout);
-  }
+void print_demo_banner(const config::config& cfg, const daemon& d) {
+  auto base = fmt::format("http://127.0.0.1:{}", d.port());
+  auto admin = fmt::format("http://127.0.0.1:{}", d.admin_port());
+  std::printf(
+      "\ningressd demo: 3 replicas streaming SSE, 2 routers on this node (%s), 1 on another (127.0.0.3)\n\n"
+      "  # a streamed chat completion, routed by a co-located router:\n"
+      "  curl -N %s/v1/chat/completions -H 'content-type: application/json' \\\n"
+      "       -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'\n"
+      "  # the same with headers: x-served-by names the replica the router picked\n"
+      "  curl -si %s/v1/chat/completions -d '{\"stream\":false}' | grep -i x-served-by\n"
+      "  # a plain GET (no router call, least-loaded replica) and the echo app\n"
+      "  curl -s %s/v1/models; echo; curl -s %s/echo/hello; echo\n"
+      "  # health, routes, topology (router pool, co-located first) and metrics\n"
+      "  curl -s %s/-/healthz; echo; curl -s %s/-/routes; echo\n"
+      "  curl -s %s/topology; echo; curl -s %s/metrics\n\n"
+      "Ctrl-C drains and exits.\n",
+      cfg.node_ip.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(), base.c_str(),
+      admin.c_str(), admin.c_str());
+  std::fflush(stdout);
+}
 
+/// Runs the main thread's loop (signals, topology source, health checks) until the daemon has
+/// stopped; then stops what runs on that loop so that it returns.
+void run_until_stopped(asio::io_context& ioc, daemon& d, signal_handler& signals, topology::source* source,
+                       health::checker& checker) {
   std::thread waiter([&] {
     d.wait();
-    asio::post(main_ioc, [&] {
+    asio::post(ioc, [&] {
       signals.cancel();
-      if (topo_source) topo_source->stop();
+      if (source) source->stop();
       checker.stop();
     });
   });
-  main_ioc.run();
+  ioc.run();
   waiter.join();
+}
+
+}  // namespace
+
+int run(int argc, const char* const* argv) {
+  auto parsed = config::parse_command_line(argc, argv);
+  if (auto* err = std::get_if<config::config_error>(&parsed)) {
+    std::fprintf(stderr, "ingressd: %s\n", err->message.c_str());
+    return 2;
+  }
+  const auto& cl = std::get<config::command_line>(parsed);
+  if (cl.help || cl.version) return answer_help_or_version(cl);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("ingressd"));
+  spdlog::set_level(to_spdlog(cl.cfg.level));
+
+  startup s;
+  if (auto code = prepare(cl, s)) return *code;
+  if (cl.check_config) return print_config_check(s);
+
+  daemon d(s.cfg);
+  if (s.tls) d.set_tls(s.tls);
+  asio::io_context main_ioc(1);
+  // Replica health checks, once per daemon (contract health.*).
+  health::checker checker(main_ioc, s.cfg->health, [&d](const std::string& key, bool up, const std::string& cause) {
+    d.set_replica_health(key, up, cause);
+  }, s.cfg->grpc.health_path);
+  // Passive health (health.error_limit): the workers have stopped routing to the upstream; the
+  // checker counts it down and checks it now, and its checks bring it back.
+  d.on_passive_down([&checker](const std::string& key) { checker.mark_down(key); });
+  topology_publisher publish(d, checker, s);
+  if (!s.cfg->topology.file.empty() || cl.demo) publish(s.doc);
+  signal_handler signals(main_ioc, d, [&] { reload(argc, argv, cl.demo, *s.cfg, d); });
+
+  // Every mode but the demo has exactly one topology source (config validation): from the first
+  // scrape on, /metrics says when it last confirmed the topology (0 until its first check).
+  if (!cl.demo) d.expect_topology_source();
+  if (auto code = start_serving(d, s)) return *code;
+  auto topo_source = start_topology_source(main_ioc, s, publish, d);
+  if (cl.demo) print_demo_banner(*s.cfg, d);
+
+  run_until_stopped(main_ioc, d, signals, topo_source.get(), checker);
   topo_source.reset();
   spdlog::info("ingressd exiting");
   return 0;
