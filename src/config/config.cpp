@@ -1181,8 +1181,8 @@ rule_result topology_source(const config& cfg, bool demo) {
   add("topology.ray_dashboard / --ray-dashboard", cfg.topology.ray_dashboard);
   add("topology.url / --topology-url", cfg.topology.url);
   if (demo) {
-    if (count > 0) return config_error{"--demo uses its built-in topology; remove the topology source (" + sources + ")"};
-    return std::nullopt;
+    if (count == 0) return std::nullopt;
+    return config_error{"--demo uses its built-in topology; remove the topology source (" + sources + ")"};
   }
   if (count == 0)
     return config_error{"no topology source: set exactly one of --topology-file, --ray-dashboard or "
