@@ -294,6 +294,19 @@ struct one_router_app {
   }
 };
 
+/// One app, replica rep-a, and two co-located routers (router-1, router-2) that both name it.
+struct two_router_app {
+  std::unique_ptr<replica_server> a = make_replica("rep-a");
+  std::unique_ptr<router_server> r1 = make_router(node_ip, "router-1");
+  std::unique_ptr<router_server> r2 = make_router(node_ip, "router-2");
+  testing::proxy p;
+  explicit two_router_app(const config::config& cfg) : p(cfg, node_ip) {
+    r1->set_replicas({"rep-a"});
+    r2->set_replicas({"rep-a"});
+    p.set_topology(one_app({a.get()}, {r1.get(), r2.get()}));
+  }
+};
+
 /// A router that takes 300 ms to answer: long enough to act while its call is in flight.
 router_behaviour slow_router() {
   auto b = router_behaviour::round_robin();
@@ -433,13 +446,10 @@ TEST_P(RouterPath, ConfiguredMethodsRoutePut) {
 // 3. Round robin
 
 TEST_P(RouterPath, TwoColocatedRoutersSplitEvenlyAcrossTwoThreads) {
-  auto a = make_replica("rep-a");
-  auto r1 = make_router(node_ip, "router-1");
-  auto r2 = make_router(node_ip, "router-2");
-  r1->set_replicas({"rep-a"});
-  r2->set_replicas({"rep-a"});
-  testing::proxy p(short_config(2), node_ip);
-  p.set_topology(one_app({a.get()}, {r1.get(), r2.get()}));
+  two_router_app t(short_config(2));
+  auto& p = t.p;
+  auto& r1 = t.r1;
+  auto& r2 = t.r2;
 
   constexpr int connections = 10, per_connection = 20;
   std::vector<std::string> ids;
@@ -479,13 +489,10 @@ TEST_P(RouterPath, TwoColocatedRoutersSplitEvenlyAcrossTwoThreads) {
 }
 
 TEST_P(RouterPath, OneThreadAlternatesStrictly) {
-  auto a = make_replica("rep-a");
-  auto r1 = make_router(node_ip, "router-1");
-  auto r2 = make_router(node_ip, "router-2");
-  r1->set_replicas({"rep-a"});
-  r2->set_replicas({"rep-a"});
-  testing::proxy p(short_config(1), node_ip);
-  p.set_topology(one_app({a.get()}, {r1.get(), r2.get()}));
+  two_router_app t(short_config(1));
+  auto& p = t.p;
+  auto& r1 = t.r1;
+  auto& r2 = t.r2;
 
   auto conn = connection::open(proxy_host, p.port());
   ASSERT_TRUE(conn.connected()) << conn.error();
@@ -602,13 +609,10 @@ TEST_P(RouterPath, TopologyChangeDuringBodyUploadAdvancesTheRightAppsCursor) {
 // The parameter does what it says: the product default hedges a late router call to the pool's
 // other router; with router.hedge off the request waits for router.timeout and fails over.
 TEST_P(RouterPath, LateRouterIsHedgedOnlyWithHedgingOn) {
-  auto a = make_replica("rep-a");
-  auto r1 = make_router(node_ip, "router-1");
-  auto r2 = make_router(node_ip, "router-2");
-  r1->set_replicas({"rep-a"});
-  r2->set_replicas({"rep-a"});
-  testing::proxy p(short_config(1), node_ip);
-  p.set_topology(one_app({a.get()}, {r1.get(), r2.get()}));
+  two_router_app t(short_config(1));
+  auto& p = t.p;
+  auto& r1 = t.r1;
+  auto& r2 = t.r2;
 
   // Nine calls first: the budget (10 % of the worker's calls) allows the first hedge at the tenth.
   auto conn = connection::open(proxy_host, p.port());

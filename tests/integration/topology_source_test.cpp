@@ -187,8 +187,8 @@ class TopologySourceIo : public ::testing::Test {
   template <class F>
   void with_polls_held(F f) {
     std::promise<void> held, release;
-    auto released = release.get_future();
-    boost::asio::post(io.ioc(), [&held, &released] {
+    // The io thread owns its future: it may still be waking from wait() after this returns.
+    boost::asio::post(io.ioc(), [&held, released = release.get_future()]() mutable {
       held.set_value();
       released.wait();
     });
