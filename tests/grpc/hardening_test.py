@@ -392,6 +392,77 @@ class HardeningTest(unittest.TestCase):
         self.check_flood(lambda: h.frame(h.DATA, h.PADDED, 1, b"\x00") + h.ping(b"launder!") * 10,
                          2000, True, "PINGs between padded empty DATA", open_stream=True)
 
+    # --- isolation (issue #31 item 1) ----------------------------------------------------------
+    def test_clients_that_stop_reading_stall_only_their_own_calls(self):
+        """Eight raw clients each start a large server stream on the same replica and never send
+        WINDOW_UPDATE (nor read). Every one of those streams still gets 200 KB out of the replica
+        (ingressd holds up to a stream window of each, 256 KiB: 1.6 MB in all, more than the
+        upstream link's 1 MiB connection window that used to be acknowledged only as each call's
+        client took its bytes); and unary calls of another client to the same replica, over the
+        same upstream link, all succeed while the eight are stalled."""
+        self.start()
+        ch = self.d.channel()
+        ch.unary_unary(UNARY).with_call(b"warm", timeout=10.0)  # the upstream link is up
+        before = []
+        for i in range(20):
+            t = h.Stopwatch()
+            self.unary(b"before %d" % i, timeout=10.0)
+            before.append(t.elapsed())
+        stalled = 8
+        for i in range(stalled):
+            c, _ = self.opened()
+            block = self.request_block("/test.Echo/ServerStream")
+            c.send(h.headers(1, block) + h.data(1, h.grpc_message(
+                jdump({"n": 400, "size": 4000, "id": "stalled-%d" % i})), True))
+        for i in range(stalled):
+            got = self.r.control("WaitSent", {"id": "stalled-%d" % i, "count": 50, "timeout": 20}, 30)
+            self.assertTrue(got["reached"], "stalled stream %d got only %d messages out of the replica: "
+                            "another call's reader holds the link's window; %s" % (i, got["sent"], self.d.describe()))
+        during = []
+        for i in range(20):
+            t = h.Stopwatch()
+            try:
+                reply, call = self.unary(b"during %d" % i, timeout=5.0)
+            except grpc.RpcError as e:
+                self.fail("unary call %d beside %d stalled streams failed: %s %s" % (i, stalled, e.code(), e.details()))
+            during.append(t.elapsed())
+            self.assertEqual(reply["echo"], "during %d" % i)
+        before.sort()
+        during.sort()
+        COSTS.append(("isolation", "unary p50/max ms before %.2f/%.2f, beside %d stalled streams %.2f/%.2f"
+                      % (before[10] * 1e3, before[-1] * 1e3, stalled, during[10] * 1e3, during[-1] * 1e3),
+                      0, 0.0, ""))
+
+    def test_metadata_larger_than_the_replica_accepts(self):
+        """A call with 20 KB of metadata: ingressd takes it (client.max_header_bytes is 64 KiB),
+        the replica (grpcio) says in its SETTINGS it takes 8 KiB. Sent on, grpcio failed every
+        call of the shared connection and closed it, and the replica was counted as failing.
+        Now the caller alone gets RESOURCE_EXHAUSTED, the replica never sees the call, and five
+        calls of other clients in flight on the same upstream connection complete."""
+        self.start()
+        others = []
+        for i in range(5):
+            it = self.d.channel().unary_stream("/test.Echo/ServerStream")(
+                jdump({"n": 3, "gate": True, "id": "other-%d" % i}), timeout=30)
+            others.append(it)
+        for i in range(5):
+            self.assertTrue(self.r.wait_started("other-%d" % i), "call other-%d did not start" % i)
+        unary_before = self.r.calls(UNARY)
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.d.channel().unary_unary(UNARY).with_call(b"big", timeout=10, metadata=(("x-big", "v" * 20000),))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, caught.exception.details())
+        self.assertIn("more than the replica accepts", caught.exception.details())
+        self.assertEqual(self.r.calls(UNARY), unary_before, "the call was sent to the replica")
+        for i in range(5):
+            self.r.release("other-%d" % i)
+        for i, it in enumerate(others):
+            try:
+                got = [jload(m)["i"] for m in it]
+            except grpc.RpcError as e:
+                self.fail("call other-%d failed beside the large-metadata call: %s %s" % (i, e.code(), e.details()))
+            self.assertEqual(got, [0, 1, 2])
+        self.assert_serves("a call with more metadata than the replica accepts")
+
     # --- 3. rapid reset ------------------------------------------------------------------------
     def test_rapid_reset(self):
         self.start()
@@ -522,11 +593,14 @@ class HardeningTest(unittest.TestCase):
         self.assert_serves("75 KB header list")
 
     def test_header_list_under_limit_accepted(self):
-        """Control: a 12 KB header list under a 16KiB limit is served (with CONTINUATIONs)."""
+        """Control: a 7 KB header list in three blocks (HEADERS and two CONTINUATIONs), under
+        ingressd's 16KiB limit and the replica's 8 KiB (grpcio's SETTINGS_MAX_HEADER_LIST_SIZE; a
+        larger list is answered by ingressd, see test_metadata_larger_than_the_replica_accepts),
+        is served."""
         self.start(config(client={"max_header_bytes": "16KiB"}))
         c, _ = self.opened()
-        parts = [self.request_block(UNARY, extra=[("x-big0", "a" * 4000)])]
-        parts += [h.literal("x-big%d" % i, "a" * 4000) for i in range(1, 3)]
+        parts = [self.request_block(UNARY, extra=[("x-big0", "a" * 2400)])]
+        parts += [h.literal("x-big%d" % i, "a" * 2400) for i in range(1, 3)]
         out = h.headers(1, parts[0], end_headers=False)
         out += h.continuation(1, parts[1]) + h.continuation(1, parts[2], end_headers=True)
         c.send(out + h.data(1, h.grpc_message(b"big head"), True))
@@ -535,9 +609,10 @@ class HardeningTest(unittest.TestCase):
         self.assertIsNotNone(end, c.describe())
         self.assertNotEqual(end.type, h.GOAWAY, c.describe())
         body = b"".join(f.payload for f in c.frames if f.type == h.DATA and f.sid == 1)
+        self.assertTrue(body, c.describe())
         reply = json.loads(body[5:])
         self.assertEqual(reply["echo"], "big head")
-        self.assertEqual(reply["metadata"].get("x-big2"), "a" * 4000)
+        self.assertEqual(reply["metadata"].get("x-big2"), "a" * 2400)
 
     def test_continuation_flood(self):
         """HEADERS without END_HEADERS, then 2000 CONTINUATION frames (each a small literal)

@@ -32,9 +32,14 @@ using socket_t = grpc_hub::socket;
 constexpr std::size_t out_cap = 64 * 1024;
 constexpr std::size_t read_size = 16 * 1024;
 /// Per-stream flow-control window announced on both sides: what a call may hold in each
-/// direction; the connection window bounds a connection's calls together.
+/// direction. The connection window bounds a client's calls together; on an upstream link it
+/// reopens as response bytes arrive (upstream_link::on_data), so the calls of many clients that
+/// share a link never wait for each other's readers (docs/grpc.md, "Isolation").
 constexpr std::int32_t stream_window = 256 * 1024;
 constexpr std::int32_t connection_window = 1024 * 1024;
+/// The header list a gRPC server accepts when it says nothing (grpc core's default
+/// GRPC_ARG_MAX_METADATA_SIZE): a larger one waits for the replica's SETTINGS before it is sent.
+constexpr std::size_t default_header_list = 8 * 1024;
 /// A response header list from a replica past this is refused (the stream fails INTERNAL).
 constexpr std::size_t max_upstream_headers = 64 * 1024;
 /// How long an upstream connection without streams is kept.
@@ -593,7 +598,14 @@ class upstream_link final : public link {
   const std::string key;
   const tcp::endpoint dial;
   bool ready = false;
-  std::vector<call_ptr> waiting;  // calls that wait for the connect
+  /// The replica's SETTINGS have arrived (its header list limit is known).
+  bool settings_known = false;
+  /// The replica sent GOAWAY: the connection closes because the replica chose to (a call it
+  /// refused, a drain), which says nothing of the replica's health.
+  bool said_goodbye = false;
+  /// Calls that wait for the connect, or for the replica's SETTINGS (a header list larger than
+  /// a gRPC server accepts by default: grpc_hub::impl::submit).
+  std::vector<call_ptr> waiting;
   clock::time_point idle_since = clock::now();
 
   /// Streams it may still take.
@@ -702,7 +714,18 @@ class upstream_link final : public link {
     if (f->hd.type == NGHTTP2_GOAWAY) {
       // No new calls here; the open ones finish (streams past last_stream_id are closed by
       // nghttp2 with REFUSED_STREAM, and their clients told to retry).
+      l.said_goodbye = true;
       l.retire();
+      return 0;
+    }
+    if (f->hd.type == NGHTTP2_SETTINGS && !(f->hd.flags & NGHTTP2_FLAG_ACK) && !l.settings_known) {
+      // The replica's limits are known now (nghttp2 applied them before this callback): the
+      // calls held for them go out, or are answered here (grpc_hub::impl::submit).
+      l.settings_known = true;
+      auto held = std::move(l.waiting);
+      l.waiting.clear();
+      for (auto& c : held)
+        if (c->client) l.hub_.submit(c, l);
       return 0;
     }
     auto c = l.find(f->hd.stream_id);
@@ -744,6 +767,11 @@ class upstream_link final : public link {
       return 0;
     }
     c->resp.append(data, len);
+    // Isolation (issue #31): the link's connection window reopens as soon as the bytes are
+    // queued, and only the stream's window waits for the client to take them (read_response).
+    // A client that stops reading then holds at most one stream window (256 KiB) of its own
+    // call, and never the window every other call on this link shares.
+    nghttp2_session_consume_connection(s, len);
     wake(reinterpret_cast<link*>(c->client), c->csid);
     return 0;
   }
@@ -755,11 +783,7 @@ class upstream_link final : public link {
     auto c = std::move(it->second);
     l.calls.erase(it);
     c->up = nullptr;
-    // Bytes of this stream still queued for the client are acknowledged to the replica's
-    // connection now: once the stream is gone, taking them can no longer do it, and the
-    // connection window would shrink by them for good (a unary reply's data and trailers arrive
-    // together, so its stream is closed before the client side takes the data).
-    if (!c->resp.empty()) nghttp2_session_consume_connection(l.s(), c->resp.size());
+    // (Bytes still queued for the client were acknowledged to the connection when they came.)
     if (l.calls.empty()) l.idle_since = clock::now();
     if (!c->resp_end || error_code != NGHTTP2_NO_ERROR) l.hub_.upstream_gone(c, error_code, false);
     if (l.retired_ && l.calls.empty()) l.want_flush();
@@ -772,8 +796,8 @@ class upstream_link final : public link {
 
 // --- Data providers: a call's queue read into the other connection's DATA frames -------------
 
-/// Response bytes for the client stream. What is taken is acknowledged to the replica (its
-/// window reopens): the replica sends no faster than the client reads.
+/// Response bytes for the client stream. What is taken is acknowledged to the replica's stream
+/// (its window reopens): a call's replica sends no faster than its client reads.
 ssize_t read_response(nghttp2_session* s, std::int32_t sid, std::uint8_t* buf, std::size_t length,
                       std::uint32_t* flags, nghttp2_data_source*, void* user) {
   auto& l = *static_cast<client_link*>(user);
@@ -782,7 +806,8 @@ ssize_t read_response(nghttp2_session* s, std::int32_t sid, std::uint8_t* buf, s
   const std::size_t n = c->resp.take(buf, length);
   c->bytes_out += n;
   if (n > 0 && c->up) {
-    nghttp2_session_consume(reinterpret_cast<link*>(c->up)->s(), c->usid, n);
+    // The stream's window only: the connection's reopened when the bytes arrived (on_data).
+    nghttp2_session_consume_stream(reinterpret_cast<link*>(c->up)->s(), c->usid, n);
     reinterpret_cast<link*>(c->up)->want_flush();
   }
   if (c->resp.empty() && c->resp_end) {
@@ -893,7 +918,7 @@ void upstream_link::on_closed() {
   calls.clear();
   for (auto& [sid, c] : calls_left) {
     c->up = nullptr;
-    hub_.upstream_gone(c, NGHTTP2_INTERNAL_ERROR, true);
+    hub_.upstream_gone(c, NGHTTP2_INTERNAL_ERROR, !said_goodbye);
   }
   auto waiting_calls = std::move(waiting);
   waiting.clear();
@@ -1019,6 +1044,23 @@ void grpc_hub::impl::submit(const call_ptr& c, upstream_link& l) {
   h.push_back(nv(":authority", c->authority.empty() ? std::string_view(l.key) : std::string_view(c->authority)));
   h.push_back(nv(":path", c->path));
   for (const auto& x : c->headers) h.push_back(nv(x.name, x.value));
+  // A header list the replica said it refuses (SETTINGS_MAX_HEADER_LIST_SIZE) is never sent:
+  // grpcio fails every call of the connection and closes it (issue #31), so only this caller
+  // hears of it. A large list on a link whose SETTINGS have not arrived yet waits for them.
+  std::size_t list_size = 0;
+  for (const auto& x : h) list_size += x.namelen + x.valuelen + 32;  // RFC 9113 §6.5.2
+  if (!l.settings_known && list_size > default_header_list) {
+    l.waiting.push_back(c);
+    return;
+  }
+  const std::uint32_t limit =
+      l.settings_known ? nghttp2_session_get_remote_settings(l.s(), NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE) : UINT32_MAX;
+  if (list_size > limit) {
+    fail(c, grpc::status::resource_exhausted, reason::upstream_error,
+         "the call's metadata (" + std::to_string(list_size) + " bytes) is more than the replica accepts (" +
+             std::to_string(limit) + " bytes)");
+    return;
+  }
   nghttp2_data_provider prd{};
   prd.read_callback = read_request;
   const bool body = !(c->req_end && c->req.empty());
@@ -1056,13 +1098,12 @@ void grpc_hub::impl::respond(const call_ptr& c, bool end_stream) {
 }
 
 namespace {
-/// Cancels the call's upstream stream (RST_STREAM CANCEL) and takes it off that connection; its
-/// queued response bytes are acknowledged to the connection (see upstream on_stream_close).
+/// Cancels the call's upstream stream (RST_STREAM CANCEL) and takes it off that connection (its
+/// queued response bytes were acknowledged to the connection when they came: on_data).
 void cancel_upstream(call& c) {
   if (!c.up) return;
   auto* ul = c.up;
   nghttp2_submit_rst_stream(ul->s(), NGHTTP2_FLAG_NONE, c.usid, NGHTTP2_CANCEL);
-  if (!c.resp.empty()) nghttp2_session_consume_connection(ul->s(), c.resp.size());
   ul->calls.erase(c.usid);
   c.up = nullptr;
   ul->want_flush();
