@@ -65,11 +65,6 @@ struct options_holder {
     nghttp2_option_set_max_settings(o, 32);
     nghttp2_option_set_max_outbound_ack(o, 1000);
     nghttp2_option_set_max_continuations(o, 8);
-    // nghttp2's own limit on received RST_STREAM (a burst of 1,000, then 33/s: GOAWAY
-    // INTERNAL_ERROR) would cut a client whose calls legitimately end by their deadlines; the
-    // rapid-reset rule above (client_link::on_stream_close, grpc::frame_budget) is the guard, so
-    // nghttp2's is set out of reach.
-    nghttp2_option_set_stream_reset_rate_limit(o, std::uint64_t{1} << 40, std::uint64_t{1} << 40);
   }
   ~options_holder() { nghttp2_option_del(o); }
   options_holder(const options_holder&) = delete;
@@ -115,9 +110,6 @@ struct call {
   std::vector<std::string> tried;  // keys that refused this call
   unsigned retries = 0;
   std::optional<asio::steady_timer> deadline;
-  /// When a reset of this call by its client is on time, not abuse (client_link::on_stream_close):
-  /// from a little before its grpc-timeout (the client's clock started first). Unset: no deadline.
-  std::optional<clock::time_point> reset_on_time_from;
 
   clock::time_point start = clock::now();
   std::chrono::system_clock::time_point wall = std::chrono::system_clock::now();
@@ -880,13 +872,8 @@ int client_link::on_stream_close(nghttp2_session*, std::int32_t sid, std::uint32
   auto c = std::move(it->second);
   l.calls.erase(it);
   // A client that resets most of its streams before their answer starts is flooding us (rapid
-  // reset): each such stream cost a dispatch and an upstream stream. A reset when the call's own
-  // deadline has (nearly) passed is a client giving up on time, as grpcio does for every call
-  // whose deadline passes: not counted (issue #31: 1,500 calls with a 20 ms deadline tripped the
-  // rule and cut unrelated calls). Such resets come at most one per stream per deadline, so the
-  // streams a connection may hold bound them; the attack opens and resets at once.
-  const bool on_time = c->reset_on_time_from && clock::now() >= *c->reset_on_time_from;
-  if (error_code != NGHTTP2_NO_ERROR && !c->resp_started && !on_time && !l.budget.reset_early(l.opened))
+  // reset): each such stream cost a dispatch and an upstream stream.
+  if (error_code != NGHTTP2_NO_ERROR && !c->resp_started && !l.budget.reset_early(l.opened))
     l.fault(grpc::conn_error::reset_flood, NGHTTP2_ENHANCE_YOUR_CALM);
   l.hub_.finish(c, error_code);
   if (c->started && --l.active_ == 0 && !l.closed_ && !l.draining_)
@@ -957,10 +944,8 @@ void grpc_hub::impl::start(const call_ptr& c) {
   c->snap = w.snapshot_ptr();
   if (c->timeout && c->client) {
     c->deadline.emplace(w.ioc());
-    const auto timeout = std::chrono::duration_cast<clock::duration>(
-        std::min<std::chrono::nanoseconds>(*c->timeout, std::chrono::hours(24 * 365)));
-    c->deadline->expires_after(timeout);
-    c->reset_on_time_from = clock::now() + timeout - std::max<clock::duration>(timeout / 10, std::chrono::milliseconds(5));
+    c->deadline->expires_after(std::chrono::duration_cast<clock::duration>(
+        std::min<std::chrono::nanoseconds>(*c->timeout, std::chrono::hours(24 * 365))));
     std::weak_ptr<call> weak = c;
     c->deadline->async_wait([this, weak](error_code ec) {
       auto cp = weak.lock();
