@@ -87,4 +87,46 @@ std::string_view to_string(conn_error e) noexcept {
   return "protocol";
 }
 
+std::span<const std::uint8_t> idle_reset_filter::feed(std::span<const std::uint8_t> in) {
+  constexpr std::uint8_t headers_type = 0x1, rst_stream_type = 0x3;
+  out_.clear();
+  out_.reserve(in.size() + head_.size());
+  std::size_t i = 0;
+  auto keep = [&](std::size_t k) {
+    if (!dropping_) out_.insert(out_.end(), in.begin() + static_cast<std::ptrdiff_t>(i),
+                                in.begin() + static_cast<std::ptrdiff_t>(i + k));
+    i += k;
+  };
+  while (i < in.size()) {
+    if (preface_left_ > 0) {
+      const auto k = std::min(preface_left_, in.size() - i);
+      keep(k);  // (dropping_ is false: no frame came yet)
+      preface_left_ -= k;
+      continue;
+    }
+    if (payload_left_ > 0) {
+      const auto k = std::min(payload_left_, in.size() - i);
+      keep(k);
+      payload_left_ -= k;
+      continue;
+    }
+    const auto k = std::min(head_.size() - head_have_, in.size() - i);
+    std::memcpy(head_.data() + head_have_, in.data() + i, k);
+    head_have_ += k;
+    i += k;
+    if (head_have_ < head_.size()) break;  // the rest of this frame header comes with the next read
+    head_have_ = 0;
+    const std::size_t length = (std::size_t{head_[0]} << 16) | (std::size_t{head_[1]} << 8) | head_[2];
+    const std::uint32_t sid = ((std::uint32_t{head_[5]} << 24) | (std::uint32_t{head_[6]} << 16) |
+                               (std::uint32_t{head_[7]} << 8) | head_[8]) & 0x7fffffffu;
+    const bool client_stream = (sid & 1u) != 0;
+    if (head_[3] == headers_type && client_stream && sid > max_opened_) max_opened_ = sid;
+    dropping_ = head_[3] == rst_stream_type && client_stream && sid > max_opened_;
+    if (dropping_) ++dropped_;
+    else out_.insert(out_.end(), head_.begin(), head_.end());
+    payload_left_ = length;
+  }
+  return out_;
+}
+
 }  // namespace ingressd::grpc

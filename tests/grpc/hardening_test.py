@@ -486,6 +486,55 @@ class HardeningTest(unittest.TestCase):
         self.assert_cpu_bounded("rapid reset", cpu0, 2 * n, "streams taken before GOAWAY: %d" % taken)
         self.assert_serves("rapid reset")
 
+    def test_rapid_reset_with_a_deadline_is_still_caught(self):
+        """The attack does not escape the rule by carrying a deadline: streams opened with
+        grpc-timeout 10S and reset at once are early resets like any other."""
+        self.start()
+        before = conn_errors(self.d, "reset_flood")
+        c, _ = self.opened()
+        block = self.request_block(HANG, extra=[("grpc-timeout", "10S")])
+        burst = [b"".join(h.headers(sid, block) + h.rst_stream(sid, h.CANCEL)
+                          for sid in range(1 + 2 * i, 1 + 2 * (i + 50), 2))
+                 for i in range(0, 400, 50)]
+        sender = c.send_in_background(burst)
+        self.assert_goaway_and_close(c, h.ENHANCE_YOUR_CALM, "rapid reset with deadlines", h.auto_ack(c))
+        sender.join(30)
+        self.assert_counted("reset_flood", before, "rapid reset with deadlines")
+
+    def test_calls_ended_by_their_own_deadlines_are_not_rapid_reset(self):
+        """Issue #31: 1,500 calls with a 20 ms deadline on one grpcio channel (grpcio resets each
+        call whose deadline passes) tripped the rapid-reset rule, and five unrelated long calls on
+        that channel failed UNAVAILABLE; with many more, nghttp2's own reset limit closed the
+        connection (GOAWAY INTERNAL_ERROR after 1,001 resets), and grpc-core's resets of streams
+        it never opened ended it too (PROTOCOL_ERROR "stream in idle"). A reset when the call's
+        deadline has passed is not abuse, and a reset of a stream never opened is dropped: all
+        1,500 end DEADLINE_EXCEEDED, the five complete, nothing is counted as a flood."""
+        self.start()
+        before = conn_errors(self.d, "reset_flood")
+        ch = self.d.channel()
+        longs = [ch.unary_stream("/test.Echo/ServerStream")(jdump({"n": 3, "gate": True, "id": "long-%d" % i}),
+                                                          timeout=120) for i in range(5)]
+        for i in range(5):
+            self.assertTrue(self.r.wait_started("long-%d" % i), "long call %d did not start" % i)
+        hang = ch.unary_unary(HANG)
+        futures = [hang.future(jdump({"id": "dl-%d" % i}), timeout=0.02) for i in range(1500)]
+        codes = {}
+        for f in futures:
+            e = f.exception()  # waits for the call to end
+            code = e.code() if e is not None else grpc.StatusCode.OK
+            codes[code] = codes.get(code, 0) + 1
+        self.assertEqual(codes, {grpc.StatusCode.DEADLINE_EXCEEDED: 1500})
+        for i in range(5):
+            self.r.release("long-%d" % i)
+        for i, it in enumerate(longs):
+            try:
+                got = [jload(m)["i"] for m in it]
+            except grpc.RpcError as e:
+                self.fail("long call %d failed beside 1,500 expiring calls: %s %s; %s"
+                          % (i, e.code(), e.details(), self.d.describe()))
+            self.assertEqual(got, [0, 1, 2])
+        self.assertEqual(conn_errors(self.d, "reset_flood") or 0, before or 0)
+
     def test_cancels_below_reset_threshold_tolerated(self):
         """99 streams opened and cancelled at once stay below the rapid-reset rule: the connection
         lives on and still makes calls."""

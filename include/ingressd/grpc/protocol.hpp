@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <array>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -139,6 +141,31 @@ class frame_budget {
   std::uint64_t cheap_ = 0;
   std::uint64_t useful_ = 0;
   std::uint64_t early_resets_ = 0;
+};
+
+/// Drops the RST_STREAM frames a client sends for a stream it never opened (an odd id above
+/// every HEADERS it sent). grpc-core sends such resets under load (seen with 1,500 calls with a
+/// 20 ms deadline on one connection, issue #31: probably calls cancelled between getting their
+/// stream id and their first write); RFC 9113 §6.4 makes one a connection error, which nghttp2
+/// enforces ("RST_STREAM: stream in idle"), and every call of the connection failed. The stream
+/// never existed, so the frame says nothing and nothing else changes. Fed the client's bytes as
+/// they are read, the connection preface first; returns the bytes for nghttp2 (a frame header
+/// split across reads is held until it is whole).
+class idle_reset_filter {
+ public:
+  std::span<const std::uint8_t> feed(std::span<const std::uint8_t> in);
+  /// Resets dropped so far.
+  std::uint64_t dropped() const noexcept { return dropped_; }
+
+ private:
+  std::size_t preface_left_ = 24;
+  std::array<std::uint8_t, 9> head_{};
+  std::size_t head_have_ = 0;
+  std::size_t payload_left_ = 0;
+  bool dropping_ = false;
+  std::uint32_t max_opened_ = 0;
+  std::uint64_t dropped_ = 0;
+  std::vector<std::uint8_t> out_;
 };
 
 }  // namespace ingressd::grpc
