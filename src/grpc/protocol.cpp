@@ -88,45 +88,68 @@ std::string_view to_string(conn_error e) noexcept {
 }
 
 std::span<const std::uint8_t> idle_reset_filter::feed(std::span<const std::uint8_t> in) {
-  constexpr std::uint8_t headers_type = 0x1, rst_stream_type = 0x3;
+  // Nearly every read passes unchanged: scan a copy of the state, and copy bytes only when a
+  // reset is dropped or a frame header is held.
+  if (st_.head_have == 0) {
+    state trial = st_;
+    if (scan(trial, in, nullptr)) {
+      st_ = trial;
+      return in;
+    }
+  }
   out_.clear();
-  out_.reserve(in.size() + head_.size());
+  out_.reserve(in.size() + st_.head.size());
+  scan(st_, in, &out_);
+  return out_;
+}
+
+bool idle_reset_filter::scan(state& st, std::span<const std::uint8_t> in, std::vector<std::uint8_t>* out) {
+  constexpr std::uint8_t headers_type = 0x1, rst_stream_type = 0x3;
   std::size_t i = 0;
-  auto keep = [&](std::size_t k) {
-    if (!dropping_) out_.insert(out_.end(), in.begin() + static_cast<std::ptrdiff_t>(i),
-                                in.begin() + static_cast<std::ptrdiff_t>(i + k));
+  auto pass = [&](std::size_t k) {
+    if (out && !st.dropping) out->insert(out->end(), in.begin() + static_cast<std::ptrdiff_t>(i),
+                                         in.begin() + static_cast<std::ptrdiff_t>(i + k));
     i += k;
   };
   while (i < in.size()) {
-    if (preface_left_ > 0) {
-      const auto k = std::min(preface_left_, in.size() - i);
-      keep(k);  // (dropping_ is false: no frame came yet)
-      preface_left_ -= k;
+    if (st.preface_left > 0) {
+      const auto k = std::min(st.preface_left, in.size() - i);
+      pass(k);  // (dropping is false: no frame came yet)
+      st.preface_left -= k;
       continue;
     }
-    if (payload_left_ > 0) {
-      const auto k = std::min(payload_left_, in.size() - i);
-      keep(k);
-      payload_left_ -= k;
+    if (st.payload_left > 0) {
+      if (st.dropping && !out) return false;
+      const auto k = std::min(st.payload_left, in.size() - i);
+      pass(k);
+      st.payload_left -= k;
       continue;
     }
-    const auto k = std::min(head_.size() - head_have_, in.size() - i);
-    std::memcpy(head_.data() + head_have_, in.data() + i, k);
-    head_have_ += k;
+    const auto k = std::min(st.head.size() - st.head_have, in.size() - i);
+    if (!out && st.head_have + k < st.head.size()) return false;  // a header split across reads is held
+    std::memcpy(st.head.data() + st.head_have, in.data() + i, k);
+    st.head_have += k;
     i += k;
-    if (head_have_ < head_.size()) break;  // the rest of this frame header comes with the next read
-    head_have_ = 0;
-    const std::size_t length = (std::size_t{head_[0]} << 16) | (std::size_t{head_[1]} << 8) | head_[2];
-    const std::uint32_t sid = ((std::uint32_t{head_[5]} << 24) | (std::uint32_t{head_[6]} << 16) |
-                               (std::uint32_t{head_[7]} << 8) | head_[8]) & 0x7fffffffu;
+    if (st.head_have < st.head.size()) break;  // the rest of this frame header comes with the next read
+    const bool held = st.head_have > k;        // part of it came with an earlier read
+    st.head_have = 0;
+    const std::size_t length = (std::size_t{st.head[0]} << 16) | (std::size_t{st.head[1]} << 8) | st.head[2];
+    const std::uint32_t sid = ((std::uint32_t{st.head[5]} << 24) | (std::uint32_t{st.head[6]} << 16) |
+                               (std::uint32_t{st.head[7]} << 8) | st.head[8]) & 0x7fffffffu;
     const bool client_stream = (sid & 1u) != 0;
-    if (head_[3] == headers_type && client_stream && sid > max_opened_) max_opened_ = sid;
-    dropping_ = head_[3] == rst_stream_type && client_stream && sid > max_opened_;
-    if (dropping_) ++dropped_;
-    else out_.insert(out_.end(), head_.begin(), head_.end());
-    payload_left_ = length;
+    if (st.head[3] == headers_type && client_stream && sid > st.max_opened) st.max_opened = sid;
+    st.dropping = st.head[3] == rst_stream_type && client_stream && sid > st.max_opened;
+    if (st.dropping) {
+      if (!out) return false;
+      ++st.dropped;
+    } else if (out) {
+      out->insert(out->end(), st.head.begin(), st.head.end());
+    } else if (held) {
+      return false;
+    }
+    st.payload_left = length;
   }
-  return out_;
+  return true;
 }
 
 }  // namespace ingressd::grpc

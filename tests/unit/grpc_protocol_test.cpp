@@ -193,3 +193,14 @@ TEST(GrpcIdleResetFilter, LeavesWhatIsNotAClientStreamToNghttp2) {
   const auto in = cat({preface, rst(2), rst(0)});
   EXPECT_EQ(filtered(in, in.size()), in);
 }
+
+TEST(GrpcIdleResetFilter, AReadWithNothingToDropIsPassedOnWithoutACopy) {
+  grpc::idle_reset_filter f;
+  const auto first = cat({preface, headers(1), data(1, 100)});
+  const auto got = f.feed(first);
+  EXPECT_EQ(got.data(), first.data());
+  EXPECT_EQ(got.size(), first.size());
+  const auto second = cat({rst(3), rst(1)});  // 3 was never opened: this read is copied without it
+  const auto filtered_second = f.feed(second);
+  EXPECT_EQ(bytes(filtered_second.begin(), filtered_second.end()), rst(1));
+}

@@ -153,18 +153,26 @@ class frame_budget {
 /// split across reads is held until it is whole).
 class idle_reset_filter {
  public:
+  /// `in` itself when nothing of it is dropped or held (the usual read: no copy), else a view of
+  /// the filter's own buffer, valid until the next call.
   std::span<const std::uint8_t> feed(std::span<const std::uint8_t> in);
   /// Resets dropped so far.
-  std::uint64_t dropped() const noexcept { return dropped_; }
+  std::uint64_t dropped() const noexcept { return st_.dropped; }
 
  private:
-  std::size_t preface_left_ = 24;
-  std::array<std::uint8_t, 9> head_{};
-  std::size_t head_have_ = 0;
-  std::size_t payload_left_ = 0;
-  bool dropping_ = false;
-  std::uint32_t max_opened_ = 0;
-  std::uint64_t dropped_ = 0;
+  struct state {
+    std::size_t preface_left = 24;
+    std::array<std::uint8_t, 9> head{};
+    std::size_t head_have = 0;
+    std::size_t payload_left = 0;
+    bool dropping = false;
+    std::uint32_t max_opened = 0;
+    std::uint64_t dropped = 0;
+  };
+  /// Runs `in` through `st`; with `out`, appends what nghttp2 gets. False (without `out`) as soon
+  /// as some byte of `in` would not go through unchanged.
+  static bool scan(state& st, std::span<const std::uint8_t> in, std::vector<std::uint8_t>* out);
+  state st_;
   std::vector<std::uint8_t> out_;
 };
 
