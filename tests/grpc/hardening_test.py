@@ -128,6 +128,27 @@ class HardeningTest(unittest.TestCase):
         self.assertEqual(reply["replica"], "r1")
         self.assertEqual(reply["echo"], "still serving")
 
+    def gated_streams(self, prefix, ch=None, n=5):
+        """n server streams of 3 messages, each held after its first by the fake's gate, seen
+        started by the replica: on channel `ch`, or each on its own channel."""
+        streams = [(ch or self.d.channel()).unary_stream("/test.Echo/ServerStream")(
+            jdump({"n": 3, "gate": True, "id": "%s-%d" % (prefix, i)}), timeout=120) for i in range(n)]
+        for i in range(n):
+            self.assertTrue(self.r.wait_started("%s-%d" % (prefix, i)), "call %s-%d did not start" % (prefix, i))
+        return streams
+
+    def assert_gated_complete(self, streams, prefix, beside):
+        """The gated streams, released, deliver all their messages."""
+        for i in range(len(streams)):
+            self.r.release("%s-%d" % (prefix, i))
+        for i, it in enumerate(streams):
+            try:
+                got = [jload(m)["i"] for m in it]
+            except grpc.RpcError as e:
+                self.fail("call %s-%d failed beside %s: %s %s; %s"
+                          % (prefix, i, beside, e.code(), e.details(), self.d.describe()))
+            self.assertEqual(got, [0, 1, 2])
+
     def assert_goaway_and_close(self, c, code, what, on_frame=None):
         """Reads until the connection closes: a GOAWAY with `code` must be among the frames and
         the connection must end (EOF or reset), not just stall. Returns the GOAWAY."""
@@ -440,27 +461,14 @@ class HardeningTest(unittest.TestCase):
         Now the caller alone gets RESOURCE_EXHAUSTED, the replica never sees the call, and five
         calls of other clients in flight on the same upstream connection complete."""
         self.start()
-        others = []
-        for i in range(5):
-            it = self.d.channel().unary_stream("/test.Echo/ServerStream")(
-                jdump({"n": 3, "gate": True, "id": "other-%d" % i}), timeout=30)
-            others.append(it)
-        for i in range(5):
-            self.assertTrue(self.r.wait_started("other-%d" % i), "call other-%d did not start" % i)
+        others = self.gated_streams("other")
         unary_before = self.r.calls(UNARY)
         with self.assertRaises(grpc.RpcError) as caught:
             self.d.channel().unary_unary(UNARY).with_call(b"big", timeout=10, metadata=(("x-big", "v" * 20000),))
         self.assertEqual(caught.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED, caught.exception.details())
         self.assertIn("more than the replica accepts", caught.exception.details())
         self.assertEqual(self.r.calls(UNARY), unary_before, "the call was sent to the replica")
-        for i in range(5):
-            self.r.release("other-%d" % i)
-        for i, it in enumerate(others):
-            try:
-                got = [jload(m)["i"] for m in it]
-            except grpc.RpcError as e:
-                self.fail("call other-%d failed beside the large-metadata call: %s %s" % (i, e.code(), e.details()))
-            self.assertEqual(got, [0, 1, 2])
+        self.assert_gated_complete(others, "other", "the large-metadata call")
         self.assert_serves("a call with more metadata than the replica accepts")
 
     # --- 3. rapid reset ------------------------------------------------------------------------
@@ -512,10 +520,7 @@ class HardeningTest(unittest.TestCase):
         self.start()
         before = conn_errors(self.d, "reset_flood")
         ch = self.d.channel()
-        longs = [ch.unary_stream("/test.Echo/ServerStream")(jdump({"n": 3, "gate": True, "id": "long-%d" % i}),
-                                                          timeout=120) for i in range(5)]
-        for i in range(5):
-            self.assertTrue(self.r.wait_started("long-%d" % i), "long call %d did not start" % i)
+        longs = self.gated_streams("long", ch)
         hang = ch.unary_unary(HANG)
         futures = [hang.future(jdump({"id": "dl-%d" % i}), timeout=0.02) for i in range(1500)]
         codes = {}
@@ -524,15 +529,7 @@ class HardeningTest(unittest.TestCase):
             code = e.code() if e is not None else grpc.StatusCode.OK
             codes[code] = codes.get(code, 0) + 1
         self.assertEqual(codes, {grpc.StatusCode.DEADLINE_EXCEEDED: 1500})
-        for i in range(5):
-            self.r.release("long-%d" % i)
-        for i, it in enumerate(longs):
-            try:
-                got = [jload(m)["i"] for m in it]
-            except grpc.RpcError as e:
-                self.fail("long call %d failed beside 1,500 expiring calls: %s %s; %s"
-                          % (i, e.code(), e.details(), self.d.describe()))
-            self.assertEqual(got, [0, 1, 2])
+        self.assert_gated_complete(longs, "long", "1,500 expiring calls")
         self.assertEqual(conn_errors(self.d, "reset_flood") or 0, before or 0)
 
     def test_cancels_below_reset_threshold_tolerated(self):
