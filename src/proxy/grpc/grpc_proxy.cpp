@@ -57,8 +57,9 @@ struct options_holder {
   nghttp2_option* o = nullptr;
   options_holder() {
     nghttp2_option_new(&o);
-    // Windows are opened as the other side takes the bytes (nghttp2_session_consume), not as
-    // they arrive: that is the back-pressure of a relay.
+    // Windows are opened by hand: a stream's as the other side takes its bytes (the
+    // back-pressure of a relay), an upstream link's connection window as the bytes arrive
+    // (upstream_link::on_data), a client's connection window as the replica takes them.
     nghttp2_option_set_no_auto_window_update(o, 1);
     // Hardening: at most 32 entries in a SETTINGS frame, at most 1000 queued PING/SETTINGS acks
     // (then ENHANCE_YOUR_CALM), at most 8 CONTINUATION frames per header block.
@@ -67,7 +68,7 @@ struct options_holder {
     nghttp2_option_set_max_continuations(o, 8);
     // nghttp2's own limit on received RST_STREAM (a burst of 1,000, then 33/s: GOAWAY
     // INTERNAL_ERROR) would cut a client whose calls legitimately end by their deadlines; the
-    // rapid-reset rule above (client_link::on_stream_close, grpc::frame_budget) is the guard, so
+    // rapid-reset rule (client_link::on_stream_close, grpc::frame_budget) is the guard, so
     // nghttp2's is set out of reach.
     nghttp2_option_set_stream_reset_rate_limit(o, std::uint64_t{1} << 40, std::uint64_t{1} << 40);
   }

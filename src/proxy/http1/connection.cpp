@@ -252,11 +252,15 @@ bool connection::method_routed(std::string_view method) const {
   return false;
 }
 
-/// The 413 body: which limit the request passed and the key that sets it, so that a client (or
-/// its operator) knows what to change.
-std::string too_large_body(std::uint64_t limit) {
-  return "Content Too Large: the request body is larger than client.max_body_bytes (" + std::to_string(limit) +
-         " bytes)";
+std::string connection::refusal_body(unsigned status, std::string_view why) const {
+  // A 413 names the limit the request passed and the key that sets it, so that a client (or its
+  // operator) knows what to change.
+  if (status == 413)
+    return "Content Too Large: the request body is larger than client.max_body_bytes (" +
+           std::to_string(cfg().client.max_body_bytes) + " bytes)";
+  std::string body(bhttp::obsolete_reason(static_cast<bhttp::status>(status)));
+  if (!why.empty()) body.append(": ").append(why);
+  return body;
 }
 
 awaitable<connection::outcome> connection::body_error(error_code ec) {
@@ -266,10 +270,7 @@ awaitable<connection::outcome> connection::body_error(error_code ec) {
   if (ec == asio::error::eof || ec == bhttp::error::partial_message || ec == asio::error::connection_reset)
     co_return outcome::close;  // the client went away mid-upload
   const auto v = http::body_error_verdict(ec);
-  const std::string body = v.status == 413 ? too_large_body(cfg().client.max_body_bytes)
-                           : v.why.empty() ? std::string("Bad Request")
-                                           : "Bad Request: " + std::string(v.why);
-  co_return co_await respond(http::make_response(v.status, "text/plain", body, true), true);
+  co_return co_await respond(http::make_response(v.status, "text/plain", refusal_body(v.status, v.why), true), true);
 }
 
 bool connection::body_from_buffer(error_code& ec) {
@@ -592,14 +593,11 @@ bool connection::head_now(http::bounded_buffer& in, error_code& ec) {
 }
 
 std::string connection::head_error_response(error_code ec, unsigned status) {
-  const auto& cfg = this->cfg();
   if (timed_out(phase::head)) return http::make_response(408, "text/plain", "Request Timeout", true);
   // A Content-Length over the limit is refused once every field is parsed: the client's id is
   // known and goes on the 413 and its log line.
   if (ec == bhttp::error::body_limit) choose_request_id();
-  const std::string body = status == 413 ? too_large_body(cfg.client.max_body_bytes)
-                                         : std::string(bhttp::obsolete_reason(static_cast<bhttp::status>(status)));
-  return http::make_response(status, "text/plain", body, true);
+  return http::make_response(status, "text/plain", refusal_body(status, {}), true);
 }
 
 awaitable<connection::outcome> connection::refuse_http2() {
@@ -618,9 +616,8 @@ awaitable<connection::outcome> connection::refuse_http2() {
 std::string connection::refusal_response(const http::head_verdict& v) const {
   // What Beast lets through but ingressd refuses (smuggling shapes, hardening A, B, D): the
   // request goes nowhere and the connection closes.
-  std::string body(bhttp::obsolete_reason(static_cast<bhttp::status>(v.status)));
-  if (!v.why.empty()) body.append(": ").append(v.why);
-  return http::make_response(v.status, "text/plain", body, true, 11, parser_->get().method() == bhttp::verb::head);
+  return http::make_response(v.status, "text/plain", refusal_body(v.status, v.why), true, 11,
+                             parser_->get().method() == bhttp::verb::head);
 }
 
 awaitable<std::optional<connection::head_read>> connection::read_head() {

@@ -113,6 +113,9 @@ class connection : public std::enable_shared_from_this<connection>, public conne
   /// The response refusing a head Beast read but ingressd does not forward (smuggling shapes,
   /// versions, targets: judge_head).
   std::string refusal_response(const http::head_verdict& v) const;
+  /// The body of every refusal of a head or a body: the status's reason phrase and what was
+  /// wrong (`why`, when known); a 413 names client.max_body_bytes instead.
+  std::string refusal_body(unsigned status, std::string_view why) const;
   /// An HTTP/2 connection preface where a request line should be: answered in HTTP/2 (a GOAWAY
   /// with HTTP_1_1_REQUIRED that says why), counted as a 505, and the connection closes.
   awaitable<outcome> refuse_http2();
