@@ -5,8 +5,9 @@ a running ingressd exports.
     dashboard_metrics_test.py DASHBOARD_JSON RULES_YML OPERATIONS_MD INGRESSD_BINARY
 
 Starts `ingressd --demo` on loopback for its cluster of routers and replicas, and a second ingressd
-that reads the same cluster from a topology file (a real topology source); sends it requests on
-the router path and the plain path so that labelled series exist, scrapes its /metrics, and checks every query of every dashboard panel and
+that reads the same cluster from a topology file (a real topology source), with HTTPS and gRPC
+listeners; sends it requests on the router path and the plain path, and one gRPC call, so that
+labelled series exist, scrapes its /metrics, and checks every query of every dashboard panel and
 variable and every recording and alerting rule: each metric name is exported (histograms by their
 _bucket/_sum/_count samples) or recorded by the rules file; each label a selector matches is one
 that metric carries (or `instance`/`job`, which Prometheus adds; a recorded metric carries the
@@ -19,6 +20,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import ssl
 import subprocess
 import sys
@@ -26,6 +28,9 @@ import tempfile
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The gRPC tests' raw HTTP/2 client (standard library only): one call without grpcio.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "grpc"))
+import h2raw  # noqa: E402
 import kit  # noqa: E402
 
 problems = []
@@ -120,6 +125,24 @@ def check_expression(where, text, exported, recorded, extra_labels=()):
     return e
 
 
+def closed_port():
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def grpc_call(port):
+    """One unary gRPC call over h2c; the frame that ended its stream, or None. The server's
+    HPACK is not decoded: the scrape says how the call ended."""
+    with h2raw.Conn("127.0.0.1", port) as conn:
+        conn.start()
+        conn.send(h2raw.headers(1, h2raw.grpc_request_block("/ingressd.test.Echo/Call")))
+        conn.send(h2raw.data(1, h2raw.grpc_message(b""), end_stream=True))
+        return conn.read_until(lambda f: f.sid == 1 and f.type in (h2raw.HEADERS, h2raw.DATA)
+                               and f.flags & h2raw.END_STREAM, on_frame=h2raw.auto_ack(conn))
+
+
 def main():
     dashboard_path, rules_path, operations_path, binary = sys.argv[1:5]
     with open(dashboard_path, encoding="utf-8") as f:
@@ -132,8 +155,16 @@ def main():
     # ingressd that reads it from a topology file: a real topology source, as in production.
     with kit.Demo(binary) as cluster, tempfile.TemporaryDirectory() as tmp:
         topology_file = os.path.join(tmp, "topology.json")
+        # Plus a gRPC app, for the ingressd_grpc_* families (they exist only with grpc.listen, and
+        # their app and grpc_status labels only once the topology has a gRPC app or a call was
+        # counted). Its one target refuses connections: the call below ends UNAVAILABLE, an
+        # error status, without a gRPC replica in the test.
+        topology = kit.ray_topology(cluster.topology())
+        topology["target_groups"].append(
+            {"app_name": "grpc", "route_prefix": "/grpc", "protocol": "gRPC",
+             "targets": [{"ip": "127.0.0.1", "port": closed_port(), "instance_id": "n1", "name": "grpc-1"}]})
         with open(topology_file, "w", encoding="utf-8") as f:
-            json.dump(kit.ray_topology(cluster.topology()), f)
+            json.dump(topology, f)
         # With an HTTPS listener too, so that the ingressd_tls_* families are exported, and one
         # request over it from Python's own TLS client.
         cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
@@ -141,7 +172,7 @@ def main():
                         "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
                         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
         with kit.FileDaemon(binary, topology_file, "--tls-listen", "127.0.0.1:0", "--tls-cert", cert,
-                            "--tls-key", key) as proxy:
+                            "--tls-key", key, "--grpc-listen", "127.0.0.1:0") as proxy:
             https_port = re.search(r", https 127\.0\.0\.1:(\d+)", proxy.output())
             if not https_port:
                 raise SystemExit(f"FAIL: no https port in the startup line: {proxy.output()}")
@@ -160,9 +191,19 @@ def main():
                 status, _ = proxy.request("GET", path)
                 if status != 200:
                     raise SystemExit(f"FAIL: GET {path} answered {status}\n{proxy.output()}")
+            grpc_port = re.search(r", grpc 127\.0\.0\.1:(\d+)", proxy.output())
+            if not grpc_port:
+                raise SystemExit(f"FAIL: no grpc port in the startup line: {proxy.output()}")
+            if grpc_call(int(grpc_port.group(1))) is None:
+                raise SystemExit(f"FAIL: the gRPC call got no end of stream\n{proxy.output()}")
+            # Nothing orders the call's count before the frame the client read (the worker counts
+            # it as it closes the stream): wait for the count rather than scrape once.
+            counted = re.compile(r'^ingressd_grpc_request_duration_seconds_count\{app="grpc"\} 1$', re.M)
+            kit.wait_until(lambda: counted.search(proxy.metrics()), 10, "the gRPC call in /metrics")
             scrape = proxy.metrics()
     exported, types = kit.parse_exposition(scrape)
-    for needed in ("ingressd_router_attempts_total", "ingressd_replica_in_flight", "process_open_fds"):
+    for needed in ("ingressd_router_attempts_total", "ingressd_replica_in_flight", "process_open_fds",
+                   "ingressd_grpc_requests_total", "ingressd_grpc_connection_errors_total"):
         if needed not in exported:
             fail(f"the scrape has no {needed} sample after the requests: {sorted(exported)}")
     if subprocess.run(["sh", "-c", "command -v promtool"], capture_output=True).returncode == 0:

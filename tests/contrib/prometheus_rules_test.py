@@ -38,7 +38,9 @@ def anchors(markdown_path):
 
 
 def main():
-    rules_path, tests_path, troubleshooting = sys.argv[1:4]
+    # Absolute: promtool runs in the test file's directory (below), where a relative path given
+    # from the caller's directory names nothing.
+    rules_path, tests_path, troubleshooting = (os.path.abspath(p) for p in sys.argv[1:4])
     problems = []
     rules = kit.load_yaml(rules_path)
     tests = kit.load_yaml(tests_path)
