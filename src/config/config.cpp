@@ -227,6 +227,8 @@ constexpr unsigned max_busy_poll_us = 10000;
 // RFC 9113 leaves it open; beyond this a client's streams cost more memory than a connection is
 // worth (each holds up to a flow-control window of buffered bytes).
 constexpr unsigned max_grpc_streams = 10000;
+// Connections per replica per worker: past this a replica is better served by fewer, fuller ones.
+constexpr unsigned max_grpc_upstream_connections = 1000;
 /// The header limit ends up in Beast's parser, which takes a 32-bit value; 1 GiB is far above any
 /// sane header block and well inside that.
 constexpr std::uint64_t max_header_bytes_limit = 1024ull * 1024 * 1024;
@@ -523,6 +525,13 @@ const std::vector<key_spec>& key_table() {
                  count_setter([](config& c) -> auto& { return c.grpc.max_concurrent_streams; }, 1, max_grpc_streams)});
     t.push_back({"grpc.health_path",
                  string_setter([](config& c) -> auto& { return c.grpc.health_path; }, check_health_path)});
+    t.push_back({"grpc.max_upstream_connections",
+                 count_setter([](config& c) -> auto& { return c.grpc.max_upstream_connections; }, 1,
+                              max_grpc_upstream_connections)});
+    t.push_back({"grpc.keepalive_interval",
+                 duration_setter([](config& c) -> auto& { return c.grpc.keepalive_interval; }, zero::allowed)});
+    t.push_back({"grpc.keepalive_timeout",
+                 duration_setter([](config& c) -> auto& { return c.grpc.keepalive_timeout; }, zero::forbidden)});
     t.push_back({"metrics.ray_compatible", bool_setter([](config& c) -> auto& { return c.metrics.ray_compatible; })});
     return t;
   }();
@@ -1052,6 +1061,10 @@ rule_result tls_and_grpc_values(const config& cfg) {
   return first_failure({
       {"grpc.max_concurrent_streams", check_count(cfg.grpc.max_concurrent_streams, 1, max_grpc_streams)},
       {"grpc.health_path", check_health_path(cfg.grpc.health_path)},
+      {"grpc.max_upstream_connections",
+       check_count(cfg.grpc.max_upstream_connections, 1, max_grpc_upstream_connections)},
+      {"grpc.keepalive_interval", check_timeout(cfg.grpc.keepalive_interval, zero::allowed)},
+      {"grpc.keepalive_timeout", check_timeout(cfg.grpc.keepalive_timeout, zero::forbidden)},
       {"tls.min_version", check_tls_version(cfg.tls.min_version)},
       {"tls.ciphers", check_not_empty(cfg.tls.ciphers)},
       {"tls.ciphersuites", check_not_empty(cfg.tls.ciphersuites)},

@@ -217,6 +217,9 @@ grpc:
   listen: 127.0.0.1:9000
   max_concurrent_streams: 50
   health_path: /grpc.health.v1.Health/Check
+  max_upstream_connections: 3
+  keepalive_interval: 20s
+  keepalive_timeout: 7s
 metrics:
   ray_compatible: false
 )";
@@ -291,6 +294,9 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
 
   EXPECT_EQ(cfg.grpc.listen, (host_port{"127.0.0.1", 9000}));
   EXPECT_EQ(cfg.grpc.max_concurrent_streams, 50u);
+  EXPECT_EQ(cfg.grpc.max_upstream_connections, 3u);
+  EXPECT_EQ(cfg.grpc.keepalive_interval, 20s);
+  EXPECT_EQ(cfg.grpc.keepalive_timeout, 7s);
   EXPECT_EQ(cfg.grpc.health_path, "/grpc.health.v1.Health/Check");
 }
 
@@ -300,8 +306,8 @@ TEST(ConfigYaml, EveryKeyTestCoversEveryKnownKey) {
 }
 
 TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
-  // busy_poll_us, tls.handshake_timeout, grpc.max_concurrent_streams and grpc.health_path are the
-  // keys beyond the contract (docs/configuration.md).
+  // busy_poll_us, tls.handshake_timeout and the grpc.* keys but grpc.listen are the keys beyond
+  // the contract (docs/configuration.md).
   const std::set<std::string> contract{
       "listen", "admin_listen", "threads", "busy_poll_us", "node_ip", "root_path", "log_level", "access_log",
       "topology.file", "topology.ray_dashboard", "topology.url", "topology.poll_interval",
@@ -316,7 +322,8 @@ TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
       "health.fast_interval", "health.fall", "health.rise", "health.timeout", "health.error_limit",
       "drain.min_period", "drain.timeout", "tls.listen", "tls.cert_file", "tls.key_file", "tls.min_version",
       "tls.ciphers", "tls.ciphersuites", "tls.handshake_timeout", "grpc.listen", "grpc.max_concurrent_streams",
-      "grpc.health_path", "metrics.ray_compatible", "ray_node_id"};
+      "grpc.health_path", "grpc.max_upstream_connections", "grpc.keepalive_interval", "grpc.keepalive_timeout",
+      "metrics.ray_compatible", "ray_node_id"};
   EXPECT_EQ(known_key_set(), contract);
 }
 
@@ -950,6 +957,15 @@ TEST(ConfigGrpc, ListenerKeysFlagAndDefaults) {
   EXPECT_FALSE(load_ok("grpc:\n  listen: ''\n").grpc.enabled());
   EXPECT_TRUE(starts_with(load_error("grpc:\n  max_concurrent_streams: 0\n"), "t.yaml:2: grpc.max_concurrent_streams"));
   EXPECT_TRUE(starts_with(load_error("grpc:\n  health_path: Healthz\n"), "t.yaml:2: grpc.health_path"));
+  EXPECT_EQ(d.grpc.max_upstream_connections, 16u);
+  EXPECT_EQ(d.grpc.keepalive_interval, 10s);
+  EXPECT_EQ(d.grpc.keepalive_timeout, 5s);
+  const auto k = load_ok("grpc:\n  max_upstream_connections: 2\n  keepalive_interval: 0s\n  keepalive_timeout: 250ms\n");
+  EXPECT_EQ(k.grpc.max_upstream_connections, 2u);
+  EXPECT_EQ(k.grpc.keepalive_interval, 0s);  // 0: no keepalive
+  EXPECT_EQ(k.grpc.keepalive_timeout, 250ms);
+  EXPECT_TRUE(starts_with(load_error("grpc:\n  max_upstream_connections: 0\n"), "t.yaml:2: grpc.max_upstream_connections"));
+  EXPECT_TRUE(starts_with(load_error("grpc:\n  keepalive_timeout: 0s\n"), "t.yaml:2: grpc.keepalive_timeout"));
   const char* argv[] = {"ingressd", "--topology-file", "/t.json", "--grpc-listen", "127.0.0.2:0"};
   auto cl = parse_command_line(5, argv);
   ASSERT_TRUE(std::holds_alternative<command_line>(cl));

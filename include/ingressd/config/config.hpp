@@ -145,6 +145,16 @@ struct grpc_settings {
   /// grpc.health_path: the RPC that health-checks gRPC targets (Ray's template replays this call
   /// and looks for "success" in the reply; grpc-status 0 is required too).
   std::string health_path = "/ray.serve.RayServeAPIService/Healthz";
+  /// grpc.max_upstream_connections: HTTP/2 connections one worker opens to one gRPC replica at
+  /// most. Calls share them (up to the replica's SETTINGS_MAX_CONCURRENT_STREAMS each); at the
+  /// cap a call goes on the connection with the most room and waits there for a stream.
+  unsigned max_upstream_connections = 16;
+  /// grpc.keepalive_interval: a connection to a replica with calls on it and nothing heard for
+  /// this long is PINGed; 0 = no keepalive.
+  duration keepalive_interval = 10s;
+  /// grpc.keepalive_timeout: a PING unanswered this long means the replica is gone: the
+  /// connection closes and its calls fail UNAVAILABLE.
+  duration keepalive_timeout = 5s;
   bool enabled() const { return !listen.host.empty(); }
   bool operator==(const grpc_settings&) const = default;
 };
