@@ -18,7 +18,8 @@ Service test.Echo:
   Fail          {"code", "details", "trailer": {k: v}, "initial_metadata"?} -> that status, details
                     and trailing metadata; with "initial_metadata": false no x-replica is sent first,
                     so grpc answers trailers-only (one HEADERS frame with END_STREAM)
-  Hang          {"id"} -> blocks until the call is cancelled or its deadline passes; records id
+  Hang          {"id", "quiet"?} -> blocks until the call is cancelled or its deadline passes; records
+                    id; with "quiet": true not even the initial metadata is sent (no response head)
 Service test.Control (these never count as replica traffic in the sense of a test, but are counted):
   WaitStarted   {"id", "timeout"} -> {"started": bool}  (a Hang or ServerStream with that id began)
   WaitCancelled {"id", "timeout"} -> {"cancelled": bool}
@@ -26,7 +27,8 @@ Service test.Control (these never count as replica traffic in the sense of a tes
                     k messages handed to grpc so far)
   Release       {"id"} -> {"released": true}
   SetHealthy    {"healthy": bool} -> {"healthy": bool}
-  Stats         -> {"calls": {method path: count}, "replica": name}
+  Stats         -> {"calls": {method path: count}, "replica": name, "peers": [the distinct peers
+                    (ip:port, one per HTTP/2 connection) that made test.Echo calls]}
 Service ray.serve.RayServeAPIService:
   Healthz       -> b"\\n\\x07success" (HealthzResponse{message: "success"}) while healthy, else
                     UNAVAILABLE "unhealthy"
@@ -57,15 +59,20 @@ class Replica:
         self.cancelled = set()   # ids of Hang calls that saw cancellation / deadline expiry
         self.gates = {}          # id -> threading.Event (Release sets it)
         self.sent = {}           # ServerStream id -> messages handed to grpc so far
+        self.peers = set()       # context.peer() of test.Echo calls: one per connection
 
     # --- helpers -----------------------------------------------------------------------------
     def _count(self, method):
         with self.lock:
             self.calls[method] = self.calls.get(method, 0) + 1
 
-    def _hello(self, context, method):
+    def _hello(self, context, method, head=True):
         self._count(method)
-        context.send_initial_metadata((("x-replica", self.name),))
+        if method.startswith("/test.Echo/"):
+            with self.lock:
+                self.peers.add(context.peer())
+        if head:
+            context.send_initial_metadata((("x-replica", self.name),))
 
     def _gate(self, call_id):
         with self.lock:
@@ -167,8 +174,8 @@ class Replica:
         context.abort(code, str(req.get("details", "")))  # no response message, status only
 
     def hang(self, request, context):
-        self._hello(context, "/test.Echo/Hang")
         req = self._json(request)
+        self._hello(context, "/test.Echo/Hang", head=not req.get("quiet", False))
         call_id = str(req.get("id", ""))
         done = threading.Event()
 
@@ -227,7 +234,8 @@ class Replica:
         self._count("/test.Control/Stats")
         with self.lock:
             calls = dict(self.calls)
-        return self._reply({"calls": calls, "replica": self.name})
+            peers = sorted(self.peers)
+        return self._reply({"calls": calls, "replica": self.name, "peers": peers})
 
     # --- ray.serve.RayServeAPIService ----------------------------------------------------------
     def healthz(self, request, context):
@@ -272,6 +280,8 @@ def main():
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--name", default="replica")
     parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--max-streams", type=int, default=0,
+                        help="SETTINGS_MAX_CONCURRENT_STREAMS it announces (0: grpc's default, none)")
     parser.add_argument("--ignore-stdin", action="store_true",
                         help="do not exit when stdin reaches end of file")
     args = parser.parse_args()
@@ -280,7 +290,8 @@ def main():
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers),
                          handlers=replica.handlers(),
                          maximum_concurrent_rpcs=None,
-                         options=[("grpc.so_reuseport", 0)])
+                         options=[("grpc.so_reuseport", 0)] +
+                         ([("grpc.max_concurrent_streams", args.max_streams)] if args.max_streams else []))
     port = server.add_insecure_port("%s:%d" % (args.host, args.port))
     if port == 0:
         print("cannot bind %s:%d" % (args.host, args.port), file=sys.stderr)

@@ -107,10 +107,10 @@ class LineReader:
 class FakeReplica:
     """tests/fakes/grpc_replica.py in a subprocess, plus a channel to it for control calls."""
 
-    def __init__(self, name, host=THIS_NODE):
+    def __init__(self, name, host=THIS_NODE, extra_args=()):
         self.name = name
         self.host = host
-        self.proc = subprocess.Popen([PYTHON, FAKE, "--host", host, "--name", name],
+        self.proc = subprocess.Popen([PYTHON, FAKE, "--host", host, "--name", name] + list(extra_args),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
         try:
@@ -143,6 +143,10 @@ class FakeReplica:
 
     def calls(self, method):
         return self.control("Stats")["calls"].get(method, 0)
+
+    def peers(self):
+        """The distinct connections that made test.Echo calls."""
+        return self.control("Stats")["peers"]
 
     def kill(self):
         """Abrupt death (SIGKILL): connections reset, no goodbye."""
