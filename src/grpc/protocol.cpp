@@ -87,24 +87,102 @@ std::string_view to_string(conn_error e) noexcept {
   return "protocol";
 }
 
-std::span<const std::uint8_t> idle_reset_filter::feed(std::span<const std::uint8_t> in) {
+frame_screen::result frame_screen::feed(std::span<const std::uint8_t> in, std::size_t max_header_bytes) {
+  if (st_.over) return {{}, conn_error::header_list};
   // Nearly every read passes unchanged: scan a copy of the state, and copy bytes only when a
-  // reset is dropped or a frame header is held.
+  // reset is dropped, a frame header is held or a header block goes over.
   if (st_.head_have == 0) {
     state trial = st_;
-    if (scan(trial, in, nullptr)) {
+    if (scan(trial, in, max_header_bytes, nullptr)) {
       st_ = trial;
-      return in;
+      return {in, std::nullopt};
     }
   }
   out_.clear();
   out_.reserve(in.size() + st_.head.size());
-  scan(st_, in, &out_);
-  return out_;
+  scan(st_, in, max_header_bytes, &out_);
+  return {out_, st_.over ? std::optional(conn_error::header_list) : std::nullopt};
 }
 
-bool idle_reset_filter::scan(state& st, std::span<const std::uint8_t> in, std::vector<std::uint8_t>* out) {
-  constexpr std::uint8_t headers_type = 0x1, rst_stream_type = 0x3;
+std::size_t frame_screen::walk(hpack_walk& w, std::span<const std::uint8_t> in, std::size_t limit) {
+  using at = hpack_walk::at;
+  std::size_t i = 0;
+  while (i < in.size()) {
+    if (w.lost) return in.size();
+    const std::uint8_t b = in[i];
+    switch (w.where) {
+      case at::string: {
+        const auto k = static_cast<std::size_t>(std::min<std::uint64_t>(w.value, in.size() - i));
+        i += k;
+        w.value -= k;
+        if (w.value == 0) w.where = w.strings > 0 ? at::length : at::field;
+        continue;
+      }
+      case at::field: {
+        // The representation (RFC 7541 §6) and its integer prefix: indexed 1xxxxxxx, literal
+        // with indexing 01xxxxxx, table size update 001xxxxx, literal without or never indexed
+        // 000xxxxx. A literal's name is a string when its index is 0.
+        std::uint8_t mask = 0x0f;
+        bool field = true;
+        if (b & 0x80) {
+          mask = 0x7f;
+          w.strings = 0;
+        } else if (b & 0x40) {
+          mask = 0x3f;
+          w.strings = (b & mask) == 0 ? 2 : 1;
+        } else if (b & 0x20) {
+          mask = 0x1f;
+          w.strings = 0;
+          field = false;
+        } else {
+          w.strings = (b & mask) == 0 ? 2 : 1;
+        }
+        if (field) {
+          if (w.least + 32 > limit) return i;
+          w.least += 32;
+        }
+        ++i;
+        w.where = (b & mask) == mask ? at::integer : w.strings > 0 ? at::length : at::field;
+        continue;
+      }
+      case at::integer:  // the rest of an index or table size, which does not matter here
+        ++i;
+        if (!(b & 0x80)) w.where = w.strings > 0 ? at::length : at::field;
+        continue;
+      case at::length:  // H and a 7-bit prefix
+        w.huffman = (b & 0x80) != 0;
+        w.value = b & 0x7fu;
+        w.shift = 0;
+        break;
+      case at::length_more:
+        if (w.shift > 28) {  // a sixth byte: over 32 bits, which nghttp2 refuses
+          w.lost = true;
+          continue;
+        }
+        w.value += std::uint64_t{b & 0x7fu} << w.shift;
+        w.shift += 7;
+        break;
+    }
+    // A string's length, or the part of it read so far: the bytes to come only add to it.
+    const bool more = w.where == at::length ? w.value == 0x7f : (b & 0x80) != 0;
+    const auto counts = !w.huffman || w.value > max_hpack_string ? w.value : w.value * 8 / 30;
+    if (w.least + counts > limit) return i;
+    ++i;
+    if (more) {
+      w.where = at::length_more;
+      continue;
+    }
+    w.least += counts;
+    --w.strings;
+    w.where = w.value > 0 ? at::string : w.strings > 0 ? at::length : at::field;
+  }
+  return i;
+}
+
+bool frame_screen::scan(state& st, std::span<const std::uint8_t> in, std::size_t limit,
+                        std::vector<std::uint8_t>* out) {
+  constexpr std::uint8_t headers_type = 0x1, rst_stream_type = 0x3, continuation_type = 0x9;
+  constexpr std::uint8_t end_headers_flag = 0x4, padded_flag = 0x8, priority_flag = 0x20;
   std::size_t i = 0;
   auto pass = [&](std::size_t k) {
     if (out && !st.dropping) out->insert(out->end(), in.begin() + static_cast<std::ptrdiff_t>(i),
@@ -120,7 +198,32 @@ bool idle_reset_filter::scan(state& st, std::span<const std::uint8_t> in, std::v
     }
     if (st.payload_left > 0) {
       if (st.dropping && !out) return false;
-      const auto k = std::min(st.payload_left, in.size() - i);
+      auto k = std::min(st.payload_left, in.size() - i);
+      if (st.walking) {
+        if (st.pad_pending) {
+          st.pad_pending = false;
+          k = 1;
+          if (in[i] > st.fragment) {
+            st.walking = false;  // padding past the frame: nghttp2's PROTOCOL_ERROR
+          } else {
+            st.fragment -= in[i];
+          }
+        } else if (st.front > 0) {
+          k = std::min(k, st.front);
+          st.front -= k;
+        } else if (st.fragment > 0) {
+          k = std::min(k, st.fragment);
+          const auto took = walk(st.hpack, in.subspan(i, k), limit);
+          if (took < k) {
+            // In a trial this sends the read down the copying path, which stops here.
+            if (!out) return false;
+            pass(took);
+            st.over = true;
+            return true;
+          }
+          st.fragment -= k;
+        }
+      }
       pass(k);
       st.payload_left -= k;
       continue;
@@ -134,11 +237,28 @@ bool idle_reset_filter::scan(state& st, std::span<const std::uint8_t> in, std::v
     const bool held = st.head_have > k;        // part of it came with an earlier read
     st.head_have = 0;
     const std::size_t length = (std::size_t{st.head[0]} << 16) | (std::size_t{st.head[1]} << 8) | st.head[2];
+    const std::uint8_t type = st.head[3], flags = st.head[4];
     const std::uint32_t sid = ((std::uint32_t{st.head[5]} << 24) | (std::uint32_t{st.head[6]} << 16) |
                                (std::uint32_t{st.head[7]} << 8) | st.head[8]) & 0x7fffffffu;
     const bool client_stream = (sid & 1u) != 0;
-    if (st.head[3] == headers_type && client_stream && sid > st.max_opened) st.max_opened = sid;
-    st.dropping = st.head[3] == rst_stream_type && client_stream && sid > st.max_opened;
+    // A header block is HEADERS then CONTINUATIONs of its stream; any other frame in between is
+    // nghttp2's PROTOCOL_ERROR, and the block's size no longer matters.
+    const bool starts = type == headers_type && client_stream;
+    const bool continues = type == continuation_type && st.block_sid != 0 && sid == st.block_sid;
+    const bool padded_start = starts && (flags & padded_flag);
+    const std::size_t front = starts && (flags & priority_flag) ? 5 : 0;
+    const std::size_t before_fragment = (padded_start ? 1 : 0) + front;
+    // (A frame too short for its Pad Length and PRIORITY fields is nghttp2's FRAME_SIZE_ERROR.)
+    st.walking = (starts || continues) && length <= max_frame_size && length >= before_fragment;
+    st.block_sid = st.walking && !(flags & end_headers_flag) ? sid : 0;
+    if (st.walking) {
+      if (starts) st.hpack = {};
+      st.pad_pending = padded_start;
+      st.front = front;
+      st.fragment = length - before_fragment;
+    }
+    if (type == headers_type && client_stream && sid > st.max_opened) st.max_opened = sid;
+    st.dropping = type == rst_stream_type && client_stream && sid > st.max_opened;
     if (st.dropping) {
       if (!out) return false;
       ++st.dropped;

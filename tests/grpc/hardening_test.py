@@ -639,6 +639,30 @@ class HardeningTest(unittest.TestCase):
         self.assert_counted("header_list", before, "75 KB header list")
         self.assert_serves("75 KB header list")
 
+    def test_single_field_over_64k(self):
+        """One 70 KB metadata value, a raw literal (so its encoded string is over 64 KiB too),
+        across HEADERS + 4 CONTINUATION frames of 16 KiB, default limit. nghttp2's HPACK decoder
+        refuses such a string (COMPRESSION_ERROR) as soon as it reads its length, in the first
+        frame, before any header callback: the daemon must stop the block before that length
+        reaches nghttp2."""
+        self.start()
+        before = conn_errors(self.d, "header_list")
+        compression_before = conn_errors(self.d, "compression") or 0
+        c, _ = self.opened()
+        block = self.request_block(HANG, extra=[("x-huge", "h" * 70000)])
+        self.assertGreater(len(block), 70000)
+        chunks = [block[i:i + 16384] for i in range(0, len(block), 16384)]
+        self.assertEqual(len(chunks), 5)
+        out = h.headers(1, chunks[0], end_headers=False)
+        for i, p in enumerate(chunks[1:]):
+            out += h.continuation(1, p, end_headers=(i == len(chunks) - 2))
+        sender = c.send_in_background([out])
+        self.assert_goaway_and_close(c, h.ENHANCE_YOUR_CALM, "70 KB header field", h.auto_ack(c))
+        sender.join(30)
+        self.assert_counted("header_list", before, "70 KB header field")
+        self.assertEqual(conn_errors(self.d, "compression") or 0, compression_before)
+        self.assert_serves("70 KB header field")
+
     def test_header_list_under_limit_accepted(self):
         """Control: a 7 KB header list in three blocks (HEADERS and two CONTINUATIONs), under
         ingressd's 16KiB limit and the replica's 8 KiB (grpcio's SETTINGS_MAX_HEADER_LIST_SIZE; a

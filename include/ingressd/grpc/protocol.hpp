@@ -1,9 +1,10 @@
 #pragma once
 // The sans-I/O parts of the gRPC ingress (issue #20): gRPC status codes and how failures map to
 // them, the `grpc-timeout` header, `grpc-message` encoding, which app a call belongs to, the
-// byte queues that carry a stream's bytes between its two HTTP/2 connections, and the budget that
-// ends a connection flooding us with frames that cost work but carry no request. Unit-tested
-// without sockets (tests/unit/grpc_protocol_test.cpp); src/proxy/grpc/grpc_proxy.cpp does the I/O.
+// byte queues that carry a stream's bytes between its two HTTP/2 connections, the budget that
+// ends a connection flooding us with frames that cost work but carry no request, and the screen a
+// client's frames pass before nghttp2. Unit-tested without sockets
+// (tests/unit/grpc_protocol_test.cpp); src/proxy/grpc/grpc_proxy.cpp does the I/O.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -143,23 +144,64 @@ class frame_budget {
   std::uint64_t early_resets_ = 0;
 };
 
-/// Drops the RST_STREAM frames a client sends for a stream it never opened (an odd id above
-/// every HEADERS it sent). grpc-core sends such resets under load (seen with 1,500 calls with a
-/// 20 ms deadline on one connection, issue #31: probably calls cancelled between getting their
-/// stream id and their first write); RFC 9113 §6.4 makes one a connection error, which nghttp2
-/// enforces ("RST_STREAM: stream in idle"), and every call of the connection failed. The stream
-/// never existed, so the frame says nothing and nothing else changes. Fed the client's bytes as
-/// they are read, the connection preface first; returns the bytes for nghttp2 (a frame header
-/// split across reads is held until it is whole).
-class idle_reset_filter {
+/// Screens a client's frames before nghttp2 sees them: fed the client's bytes as they are read,
+/// the connection preface first, it returns the bytes for nghttp2 (a frame header split across
+/// reads is held until it is whole). Two jobs:
+///
+/// - Drops the RST_STREAM frames a client sends for a stream it never opened (an odd id above
+///   every HEADERS it sent). grpc-core sends such resets under load (seen with 1,500 calls with a
+///   20 ms deadline on one connection, issue #31: probably calls cancelled between getting their
+///   stream id and their first write); RFC 9113 §6.4 makes one a connection error, which nghttp2
+///   enforces ("RST_STREAM: stream in idle"), and every call of the connection failed. The stream
+///   never existed, so the frame says nothing and nothing else changes.
+/// - Stops a header block (a HEADERS frame and its CONTINUATION frames up to END_HEADERS) that
+///   decodes to a header list over `max_header_bytes`, before nghttp2 reads the part that shows
+///   it. nghttp2's HPACK decoder refuses a string over 64 KiB (NGHTTP2_HD_MAX_NV) with
+///   COMPRESSION_ERROR as soon as it reads the string's length, before any header callback could
+///   count it, so one oversized field would not end the connection as an oversized list does
+///   (ENHANCE_YOUR_CALM, `header_list`), and the block's size is known too late: it must be
+///   judged from its start. The screen walks the block's HPACK representations (RFC 7541 §6:
+///   prefixes and string lengths; nothing is decoded, no table kept; padding and PRIORITY fields
+///   skipped) and adds up the least the list can come to by RFC 9113 §6.5.2's count: 32 per
+///   field, the length of each plain string, and 8 bits per 30 of a Huffman-coded one (the
+///   longest code, RFC 7541 Appendix B). A Huffman-coded string over 64 KiB counts whole: nghttp2
+///   refuses it anyway, and encoders Huffman-code a string only when that shortens it. Names and
+///   values taken from a table count nothing here: such lists (HPACK bombs) are left to the count
+///   of decoded fields. Once the sum passes the limit the screen stops before that byte (a
+///   field's first byte, a string length's), and nothing more is passed. A frame over 16 KiB (the
+///   SETTINGS_MAX_FRAME_SIZE ingressd keeps) is not walked: nghttp2 refuses it whole
+///   (FRAME_SIZE_ERROR, RFC 9113 §4.2).
+class frame_screen {
  public:
-  /// `in` itself when nothing of it is dropped or held (the usual read: no copy), else a view of
-  /// the filter's own buffer, valid until the next call.
-  std::span<const std::uint8_t> feed(std::span<const std::uint8_t> in);
+  struct result {
+    /// `in` itself when nothing of it is dropped or held (the usual read: no copy), else a view
+    /// of the screen's own buffer, valid until the next call. After an error: the bytes before
+    /// the one that showed it.
+    std::span<const std::uint8_t> bytes;
+    /// `header_list`: a header block over the limit. From then on nothing more is passed.
+    std::optional<conn_error> error;
+  };
+  /// `max_header_bytes`: the header list size the connection allows (client.max_header_bytes).
+  result feed(std::span<const std::uint8_t> in, std::size_t max_header_bytes);
   /// Resets dropped so far.
   std::uint64_t dropped() const noexcept { return st_.dropped; }
 
+  /// Frames longer than this are nghttp2's FRAME_SIZE_ERROR: not walked.
+  static constexpr std::size_t max_frame_size = 16384;
+  /// nghttp2 refuses a longer HPACK string (NGHTTP2_HD_MAX_NV).
+  static constexpr std::uint64_t max_hpack_string = 65536;
+
  private:
+  /// Where the walk through a header block's HPACK stands.
+  struct hpack_walk {
+    enum class at : std::uint8_t { field, integer, length, length_more, string } where = at::field;
+    std::uint8_t strings = 0;  ///< strings still to come in this field (name, value)
+    bool huffman = false;
+    std::uint32_t shift = 0;   ///< of the next continuation byte of a string length
+    std::uint64_t value = 0;   ///< the string length so far; then the string bytes left
+    std::uint64_t least = 0;   ///< the least the list decodes to (RFC 9113 §6.5.2)
+    bool lost = false;         ///< malformed: nghttp2 refuses it (COMPRESSION_ERROR)
+  };
   struct state {
     std::size_t preface_left = 24;
     std::array<std::uint8_t, 9> head{};
@@ -168,10 +210,24 @@ class idle_reset_filter {
     bool dropping = false;
     std::uint32_t max_opened = 0;
     std::uint64_t dropped = 0;
+    /// The stream whose header block goes on in a CONTINUATION; 0: none.
+    std::uint32_t block_sid = 0;
+    /// The payload being read belongs to a header block: first its Pad Length byte when
+    /// `pad_pending`, then `front` bytes of PRIORITY fields, then `fragment` bytes of HPACK, then
+    /// padding.
+    bool walking = false;
+    bool pad_pending = false;
+    std::size_t front = 0;
+    std::size_t fragment = 0;
+    hpack_walk hpack;
+    bool over = false;
   };
   /// Runs `in` through `st`; with `out`, appends what nghttp2 gets. False (without `out`) as soon
   /// as some byte of `in` would not go through unchanged.
-  static bool scan(state& st, std::span<const std::uint8_t> in, std::vector<std::uint8_t>* out);
+  static bool scan(state& st, std::span<const std::uint8_t> in, std::size_t limit, std::vector<std::uint8_t>* out);
+  /// Walks HPACK bytes of a block; returns how many it took: all, or fewer when the byte after
+  /// them shows the list past `limit`.
+  static std::size_t walk(hpack_walk& w, std::span<const std::uint8_t> in, std::size_t limit);
   state st_;
   std::vector<std::uint8_t> out_;
 };

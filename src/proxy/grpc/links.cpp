@@ -274,11 +274,14 @@ void client_link::on_recv_error(int rv) {
 }
 
 std::span<const std::uint8_t> client_link::incoming(std::span<const std::uint8_t> in) {
-  const auto before = filter_.dropped();
-  auto out = filter_.feed(in);
-  if (filter_.dropped() != before)
-    spdlog::debug("grpc: {} RST_STREAM from {} for streams it never opened, dropped", filter_.dropped() - before, remote_);
-  return out;
+  const auto before = screen_.dropped();
+  const auto out = screen_.feed(in, max_header_bytes_);
+  if (screen_.dropped() != before)
+    spdlog::debug("grpc: {} RST_STREAM from {} for streams it never opened, dropped", screen_.dropped() - before, remote_);
+  // Before nghttp2 sees the block: its HPACK decoder refuses a field over 64 KiB with
+  // COMPRESSION_ERROR before on_header could count it.
+  if (out.error) fault(*out.error, NGHTTP2_ENHANCE_YOUR_CALM);
+  return out.bytes;
 }
 
 int client_link::on_begin_frame(nghttp2_session*, const nghttp2_frame_hd* hd, void* user) {

@@ -106,7 +106,8 @@ class link : public std::enable_shared_from_this<link> {
   static awaitable<void> wait_writable(std::shared_ptr<link> self, asio::socket_base::wait_type wait);
   static awaitable<void> read_loop(std::shared_ptr<link> self);
 
-  /// What of the bytes just read goes to nghttp2 (client_link screens them first).
+  /// What of the bytes just read goes to nghttp2 (client_link screens them first:
+  /// grpc::frame_screen).
   virtual std::span<const std::uint8_t> incoming(std::span<const std::uint8_t> in) { return in; }
   virtual void on_closed() = 0;
   /// Everything the session had to say is written: end the connection.
@@ -177,8 +178,9 @@ class client_link final : public link {
   std::uint64_t opened_ = 0;  // streams the client opened
   std::size_t active_ = 0;    // calls whose request head is complete and that are not finished
   grpc::frame_budget budget_;
-  /// Resets of streams the client never opened, dropped before nghttp2 (grpc::idle_reset_filter).
-  grpc::idle_reset_filter filter_;
+  /// Drops resets of streams the client never opened and stops header blocks over
+  /// max_header_bytes_ before nghttp2 (grpc::frame_screen).
+  grpc::frame_screen screen_;
   bool draining_ = false;
   bool faulted_ = false;
   bool idle_first_ = true;
