@@ -10,8 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tools ctest runs, none of them started as a service: systemd for systemd-analyze (the unit),
 # prometheus for promtool (the rules), logrotate (the logrotate snippet), help2man (the man page
-# held to --help), python3-yaml (the tests that read the rules)
-scripts/deps.sh systemd prometheus logrotate help2man python3-yaml python3-grpcio
+# held to --help), python3-yaml (the tests that read the rules), python3-grpcio and
+# python3-websockets (the gRPC and WebSocket tests' clients and fake replicas)
+scripts/deps.sh systemd prometheus logrotate help2man python3-yaml python3-grpcio python3-websockets
 jobs=$(nproc)
 run_suite() {
   local preset=$1

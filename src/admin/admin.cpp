@@ -162,6 +162,9 @@ std::string admin_server::metrics_text() const {
     in.router_headers_skipped += w->stats().router_headers_skipped.get();
     in.active_connections += w->stats().active_connections.get();
     in.active_streams += w->stats().active_streams.get();
+    in.tunnels += w->stats().tunnels.get();
+    in.tunnel_bytes_to_replica += w->stats().tunnel_bytes_to_replica.get();
+    in.tunnel_bytes_to_client += w->stats().tunnel_bytes_to_client.get();
   }
   auto snap = h_.topology ? h_.topology() : nullptr;
   in.topology = snap.get();

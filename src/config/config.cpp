@@ -477,6 +477,9 @@ const std::vector<key_spec>& key_table() {
                               std::numeric_limits<unsigned>::max())});
     t.push_back({"client.trusted_proxies", nullptr, true, set_trusted_proxies});
     t.push_back({"client.proxy_protocol", bool_setter([](config& c) -> auto& { return c.client.proxy_protocol; })});
+    t.push_back({"client.max_tunnels",
+                 count_setter([](config& c) -> auto& { return c.client.max_tunnels; }, 1,
+                              std::numeric_limits<unsigned>::max())});
 
     t.push_back({"health.path", string_setter([](config& c) -> auto& { return c.health.path; }, check_health_path)});
     t.push_back({"health.interval", duration_setter([](config& c) -> auto& { return c.health.interval; }, zero::forbidden)});
@@ -490,6 +493,8 @@ const std::vector<key_spec>& key_table() {
     // 0 turns passive health off.
     t.push_back({"health.error_limit", count_setter([](config& c) -> auto& { return c.health.error_limit; }, 0,
                                                     std::numeric_limits<unsigned>::max())});
+
+    t.push_back({"timeout.tunnel", duration_setter([](config& c) -> auto& { return c.timeout.tunnel; }, zero::forbidden)});
 
     // 0 is meaningful for both drain settings: stop accepting at once / abort in-flight at once.
     t.push_back({"drain.min_period", duration_setter([](config& c) -> auto& { return c.drain.min_period; }, zero::allowed)});
@@ -546,7 +551,7 @@ const key_spec* find_key(std::string_view key) {
 }
 
 bool is_section(std::string_view name) {
-  for (std::string_view s : {"topology", "router", "upstream", "client", "health", "drain", "tls", "grpc", "metrics"}) {
+  for (std::string_view s : {"topology", "router", "upstream", "client", "health", "timeout", "drain", "tls", "grpc", "metrics"}) {
     if (s == name) return true;
   }
   return false;
@@ -1113,6 +1118,7 @@ rule_result timeouts(const config& cfg) {
       {"health.fast_interval", check_timeout(cfg.health.fast_interval, zero::forbidden)},
       {"health.timeout", check_timeout(cfg.health.timeout, zero::forbidden)},
       {"tls.handshake_timeout", check_timeout(cfg.tls.handshake_timeout, zero::forbidden)},
+      {"timeout.tunnel", check_timeout(cfg.timeout.tunnel, zero::forbidden)},
       // 0 means something here: no body wait, stop accepting at once, abort in-flight requests at once.
       {"router.body_wait", check_timeout(cfg.router.body_wait, zero::allowed)},
       {"drain.min_period", check_timeout(cfg.drain.min_period, zero::allowed)},
@@ -1126,6 +1132,7 @@ rule_result client_and_health_limits(const config& cfg) {
       {"client.max_header_bytes", check_size(cfg.client.max_header_bytes, min_header_bytes, max_header_bytes_limit)},
       {"client.max_body_bytes", check_at_least_one(cfg.client.max_body_bytes, "B")},
       {"client.max_connections", check_at_least_one(cfg.client.max_connections)},
+      {"client.max_tunnels", check_at_least_one(cfg.client.max_tunnels)},
       {"client.proxy_protocol",
        proxy_protocol_untrusted
            ? problem{"needs client.trusted_proxies (--trusted-proxy): the load balancers that send the PROXY headers"}

@@ -12,6 +12,7 @@ std::string_view to_string(reason r) noexcept {
     case reason::no_healthy_replica: return "no_healthy_replica";
     case reason::upstream_error: return "upstream_error";
     case reason::upstream_timeout: return "upstream_timeout";
+    case reason::tunnel_limit: return "tunnel_limit";
   }
   return "unknown";
 }

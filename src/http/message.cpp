@@ -5,6 +5,7 @@
 
 #include <boost/beast/http/status.hpp>
 
+#include "ingressd/http/list.hpp"
 #include "ingressd/http/relay_parser.hpp"
 
 namespace ingressd::http {
@@ -16,6 +17,17 @@ hop_filter::hop_filter(const bhttp::fields& f) {
 
 bool hop_filter::skip(bhttp::field f, std::string_view name) const noexcept {
   return always_hop_by_hop(f, name) || (!connection_.empty() && listed_in_connection(connection_, name));
+}
+
+bool websocket_upgrade(const bhttp::fields& f, bhttp::verb method, unsigned version) noexcept {
+  if (method != bhttp::verb::get || version != 11) return false;
+  bool upgrade = false, connection = false;
+  for (const auto& field : f) {
+    const std::string_view v{field.value().data(), field.value().size()};
+    if (field.name() == bhttp::field::upgrade) upgrade = upgrade || list_contains(v, "websocket");
+    else if (field.name() == bhttp::field::connection) connection = connection || list_contains(v, "upgrade");
+  }
+  return upgrade && connection;
 }
 
 void append_field(std::string& out, std::string_view name, std::string_view value) {

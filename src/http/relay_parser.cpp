@@ -66,6 +66,10 @@ void relay_response_parser::on_field_impl(bhttp::field f, boost::beast::string_v
       if (!connection_.empty()) connection_.push_back(',');
       connection_.append(v);
       return;
+    case bhttp::field::upgrade:
+      // Hop-by-hop, so not written to the head: a 101 gets our own Upgrade line (exchange).
+      upgrade_websocket_ = upgrade_websocket_ || list_contains(v, "websocket");
+      return;
     case bhttp::field::unknown:
       // The session sends the request's own id to the client (contract §9): one X-Request-Id,
       // the one in the access log, whatever the replica echoes.

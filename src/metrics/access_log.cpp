@@ -174,6 +174,16 @@ void format_access_entry(std::string& out, const access_entry& e) {
   append_key(out, "grpc_status");
   if (e.grpc_status >= 0) fmt::format_to(std::back_inserter(out), "{}", e.grpc_status);
   else out += "null";
+  append_key(out, "tunnel");
+  if (e.tunnel) {
+    out += "{\"bytes_to_replica\":";
+    fmt::format_to(std::back_inserter(out), "{}", e.tunnel_bytes_to_replica);
+    out += ",\"closed_by\":";
+    append_json_string(out, e.closed_by);
+    out += '}';
+  } else {
+    out += "null";
+  }
   out += '}';
 }
 

@@ -36,6 +36,7 @@ struct app_sum {
   std::array<std::uint64_t, reason_count> generated{};
   std::array<std::uint64_t, grpc::status_count> grpc_status{};
   histogram_data grpc_duration{request_buckets()};
+  histogram_data tunnel_duration{request_buckets()};
   std::map<std::string, router_sum> routers;  // by router label
   bool routed = false;  ///< the app has a router pool (now)
   /// Ray's series by (method, status, route kind), and the app's route prefix.
@@ -58,6 +59,7 @@ void add_block(app_sum& s, const app_metrics& b) {
   for (std::size_t i = 0; i < reason_count; ++i) s.generated[i] += b.generated[i].get();
   for (std::size_t i = 0; i < grpc::status_count; ++i) s.grpc_status[i] += b.grpc_status[i].get();
   s.grpc_duration.add(b.grpc_duration);
+  s.tunnel_duration.add(b.tunnel_duration);
   for (const auto& r : b.routers()) {
     auto& a = s.routers[r->label];
     for (std::size_t i = 0; i < attempt_result_count; ++i) a.results[i] += r->results[i].get();
@@ -280,6 +282,20 @@ const family families[] = {
      }},
     {"ingressd_active_connections", "gauge", "Open client connections.", single<&scrape_input::active_connections>},
     {"ingressd_active_streams", "gauge", "Responses being relayed.", single<&scrape_input::active_streams>},
+    {"ingressd_tunnels", "gauge", "WebSocket tunnels open (client.max_tunnels bounds them).",
+     single<&scrape_input::tunnels>},
+    {"ingressd_tunnel_bytes_total", "counter",
+     "Bytes WebSocket tunnels carried, by direction: to_replica (from clients) and to_client (from replicas).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       w.sample(n, {{"direction", "to_replica"}}, s.in.tunnel_bytes_to_replica);
+       w.sample(n, {{"direction", "to_client"}}, s.in.tunnel_bytes_to_client);
+     }},
+    {"ingressd_tunnel_duration_seconds", "histogram",
+     "WebSocket tunnels that ended, by app: time from the replica's 101 to the end of the tunnel.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (a.tunnel_duration.count() > 0) w.histogram(n, {{"app", app}}, a.tunnel_duration);
+     }},
 
     // The gRPC listener's families, only with one (grpc.listen).
     {"ingressd_grpc_requests_total", "counter",

@@ -43,6 +43,7 @@ struct shared_state {
   /// no one to tell, and the drain stops accepting at once.
   std::atomic<bool> health_polled{false};
   std::atomic<std::uint64_t> connections{0};  ///< open client connections, all workers
+  std::atomic<std::uint64_t> tunnels{0};      ///< open WebSocket tunnels, all workers (client.max_tunnels)
   std::atomic<std::uint64_t> topology_updates{0};  ///< ingressd_topology_updates_total
   std::atomic<std::uint64_t> topology_errors{0};   ///< ingressd_topology_errors_total
   std::atomic<std::uint64_t> config_reloads{0};    ///< ingressd_config_reloads_total
@@ -114,6 +115,10 @@ struct worker_stats {
   counter forwarded_chain_errors;
   /// Router replies' request_headers members left out for not being strings.
   counter router_headers_skipped;
+  // WebSocket tunnels (issue #32): open now, and the bytes they carried each way.
+  counter tunnels;
+  counter tunnel_bytes_to_replica;
+  counter tunnel_bytes_to_client;
 };
 
 /// Per-app state of a worker, rebuilt on each topology change. (Replica loads and health are

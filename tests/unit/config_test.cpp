@@ -194,6 +194,9 @@ client:
   max_connections: 500
   trusted_proxies: [10.0.0.0/8, "fd00::/8", 192.0.2.7]
   proxy_protocol: true
+  max_tunnels: 77
+timeout:
+  tunnel: 90s
 health:
   path: /health
   interval: 10s
@@ -295,6 +298,8 @@ TEST(ConfigYaml, EveryKeyIsParsed) {
   EXPECT_EQ(cfg.grpc.listen, (host_port{"127.0.0.1", 9000}));
   EXPECT_EQ(cfg.grpc.max_concurrent_streams, 50u);
   EXPECT_EQ(cfg.grpc.max_upstream_connections, 3u);
+  EXPECT_EQ(cfg.client.max_tunnels, 77u);
+  EXPECT_EQ(cfg.timeout.tunnel, 90s);
   EXPECT_EQ(cfg.grpc.keepalive_interval, 20s);
   EXPECT_EQ(cfg.grpc.keepalive_timeout, 7s);
   EXPECT_EQ(cfg.grpc.health_path, "/grpc.health.v1.Health/Check");
@@ -306,8 +311,8 @@ TEST(ConfigYaml, EveryKeyTestCoversEveryKnownKey) {
 }
 
 TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
-  // busy_poll_us, tls.handshake_timeout and the grpc.* keys but grpc.listen are the keys beyond
-  // the contract (docs/configuration.md).
+  // busy_poll_us, tls.handshake_timeout, the grpc.* keys but grpc.listen, client.max_tunnels and
+  // timeout.tunnel are the keys beyond the contract (docs/configuration.md).
   const std::set<std::string> contract{
       "listen", "admin_listen", "threads", "busy_poll_us", "node_ip", "root_path", "log_level", "access_log",
       "topology.file", "topology.ray_dashboard", "topology.url", "topology.poll_interval",
@@ -318,7 +323,7 @@ TEST(ConfigYaml, KnownKeysAreTheContractKeys) {
       "upstream.retries", "upstream.max_idle_per_replica", "client.header_timeout",
       "client.body_timeout", "client.keepalive_timeout", "client.max_header_bytes",
       "client.max_body_bytes", "client.max_connections", "client.trusted_proxies", "client.proxy_protocol",
-      "health.path", "health.interval",
+      "client.max_tunnels", "timeout.tunnel", "health.path", "health.interval",
       "health.fast_interval", "health.fall", "health.rise", "health.timeout", "health.error_limit",
       "drain.min_period", "drain.timeout", "tls.listen", "tls.cert_file", "tls.key_file", "tls.min_version",
       "tls.ciphers", "tls.ciphersuites", "tls.handshake_timeout", "grpc.listen", "grpc.max_concurrent_streams",

@@ -579,6 +579,24 @@ TEST(MetricsAccessLog, FormatsOneJsonObject) {
   EXPECT_EQ(j["termination"], "ok");
   EXPECT_TRUE(j["reason"].is_null());
   EXPECT_EQ(j["request_id"], "abc-123");
+  EXPECT_TRUE(j["tunnel"].is_null()) << "not a WebSocket tunnel";
+}
+
+TEST(MetricsAccessLog, TunnelLineCarriesBothDirectionsAndWhoClosed) {
+  auto e = sample_entry();
+  e.method = "GET";
+  e.status = 101;
+  e.bytes = 5000;  // replica -> client
+  e.tunnel = true;
+  e.tunnel_bytes_to_replica = 700;
+  e.closed_by = "client";
+  std::string line;
+  format_access_entry(line, e);
+  auto j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["status"], 101);
+  EXPECT_EQ(j["bytes"], 5000);
+  EXPECT_EQ(j["tunnel"]["bytes_to_replica"], 700);
+  EXPECT_EQ(j["tunnel"]["closed_by"], "client");
 }
 
 TEST(MetricsAccessLog, NullsAndEscaping) {

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "ingressd/http/message.hpp"
+
 #include <string>
 #include <string_view>
 
@@ -15,6 +17,28 @@ namespace ingressd {
 namespace {
 
 namespace bhttp = boost::beast::http;
+
+TEST(WebSocketUpgrade, OnlyAnHttp11GetThatNamesWebsocketAndUpgrade) {
+  auto fields = [](std::initializer_list<std::pair<bhttp::field, const char*>> l) {
+    bhttp::fields f;
+    for (const auto& [k, v] : l) f.insert(k, v);
+    return f;
+  };
+  using bhttp::field;
+  using bhttp::verb;
+  const auto ws = fields({{field::upgrade, "websocket"}, {field::connection, "Upgrade"}});
+  EXPECT_TRUE(http::websocket_upgrade(ws, verb::get, 11));
+  EXPECT_TRUE(http::websocket_upgrade(fields({{field::upgrade, "foo, WebSocket"}, {field::connection, "keep-alive, upgrade"}}),
+                                      verb::get, 11));
+  EXPECT_FALSE(http::websocket_upgrade(ws, verb::post, 11));
+  EXPECT_FALSE(http::websocket_upgrade(ws, verb::get, 10));
+  EXPECT_FALSE(http::websocket_upgrade(fields({{field::upgrade, "h2c"}, {field::connection, "Upgrade"}}), verb::get, 11));
+  EXPECT_FALSE(http::websocket_upgrade(fields({{field::upgrade, "websocket"}}), verb::get, 11));
+  EXPECT_FALSE(http::websocket_upgrade(fields({{field::upgrade, "websocket"}, {field::connection, "close"}}),
+                                       verb::get, 11));
+  EXPECT_FALSE(http::websocket_upgrade(fields({{field::upgrade, "websockets"}, {field::connection, "upgrade"}}),
+                                       verb::get, 11));
+}
 
 struct parsed {
   bool header_done = false;
@@ -83,6 +107,27 @@ TEST(RelayParser, DropsEveryHopByHopField) {
       "Transfer-Encoding: chunked\r\nA: 1\r\n\r\n0\r\n\r\n");
   EXPECT_EQ(r.head, "HTTP/1.1 200 OK\r\nA: 1\r\n");
   EXPECT_EQ(r.framing_error, "");
+}
+
+TEST(RelayParser, NotesAnUpgradeToWebsocketWithoutWritingIt) {
+  // A 101 head: Beast's parser is done after it; the tunnel's bytes are not the parser's.
+  std::string head;
+  http::relay_response_parser p(head);
+  boost::system::error_code ec;
+  const std::string_view raw =
+      "HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n"
+      "Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+  p.put(boost::asio::buffer(raw.data(), raw.size()), ec);
+  EXPECT_FALSE(ec);
+  EXPECT_TRUE(p.is_header_done());
+  EXPECT_EQ(p.status(), 101u);
+  EXPECT_TRUE(p.upgrade_websocket());
+  EXPECT_EQ(head, "HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n");
+  std::string other;
+  http::relay_response_parser q(other);
+  const std::string_view h2c = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n";
+  q.put(boost::asio::buffer(h2c.data(), h2c.size()), ec);
+  EXPECT_FALSE(q.upgrade_websocket());
 }
 
 TEST(RelayParser, DropsFieldsNamedInConnectionBeforeOrAfterThem) {

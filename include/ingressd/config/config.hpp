@@ -89,6 +89,10 @@ struct client_settings {
   /// client.proxy_protocol / --proxy-protocol: every connection on every listener starts with a
   /// PROXY protocol header (v1 or v2) from a trusted proxy; its source is the client.
   bool proxy_protocol = false;
+  /// client.max_tunnels: WebSocket tunnels open at once (all workers); an upgrade past it is
+  /// answered 503 tunnel_limit. Each holds two sockets and, while bytes wait for a slow side,
+  /// a relay buffer per direction.
+  unsigned max_tunnels = 10000;
   bool operator==(const client_settings&) const = default;
 };
 
@@ -104,6 +108,15 @@ struct health_settings {
   /// 0 = off. Ray: `observe layer4 error-limit 3 on-error mark-down`.
   unsigned error_limit = 3;
   bool operator==(const health_settings&) const = default;
+};
+
+/// Timeouts that belong to no one side (HAProxy's `timeout` section).
+struct timeout_settings {
+  /// timeout.tunnel: a WebSocket tunnel with no byte either way for this long is closed. Ray's
+  /// value: its template writes `timeout tunnel` only for a backend that sets timeout_tunnel_s,
+  /// which Serve's apps do not, so HAProxy's `timeout client 3600s` bounds its tunnels.
+  duration tunnel = 3600s;
+  bool operator==(const timeout_settings&) const = default;
 };
 
 struct drain_settings {
@@ -195,6 +208,7 @@ struct config {
   upstream_settings upstream;
   client_settings client;
   health_settings health;
+  timeout_settings timeout;
   drain_settings drain;
   tls_settings tls;
   grpc_settings grpc;

@@ -23,9 +23,12 @@ enum class reason {
   upstream_error,
   /// Request bytes were written, no response headers within upstream.first_byte_timeout. 504.
   upstream_timeout,
+  /// A WebSocket upgrade while client.max_tunnels tunnels are open (an extension beyond the
+  /// contract, issue #32). 503.
+  tunnel_limit,
 };
 /// How many reasons there are (arrays indexed by reason, e.g. per-app metric counters).
-inline constexpr std::size_t reason_count = static_cast<std::size_t>(reason::upstream_timeout) + 1;
+inline constexpr std::size_t reason_count = static_cast<std::size_t>(reason::tunnel_limit) + 1;
 
 /// The `X-Serve-Reason` value, e.g. "router_unreachable".
 std::string_view to_string(reason r) noexcept;

@@ -33,6 +33,11 @@ class hop_filter {
   std::string_view connection_;  // raw Connection value; names listed there are skipped too
 };
 
+/// A WebSocket opening handshake (RFC 6455 §4.1): an HTTP/1.1 GET whose Upgrade names
+/// `websocket` and whose Connection names `upgrade` (tokens, any case). Upgrades to anything else
+/// (h2c included) are not; their Upgrade and Connection are dropped as hop-by-hop.
+bool websocket_upgrade(const bhttp::fields& f, bhttp::verb method, unsigned version) noexcept;
+
 /// Appends "Name: value\r\n".
 void append_field(std::string& out, std::string_view name, std::string_view value);
 

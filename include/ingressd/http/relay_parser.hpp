@@ -48,6 +48,9 @@ class relay_response_parser : public bhttp::basic_parser<false> {
   /// would then go out without its coding).
   std::string_view framing_error() const noexcept { return framing_error_; }
 
+  /// The response's Upgrade names `websocket` (RFC 6455 §4.2.2: a 101 that switches to it).
+  bool upgrade_websocket() const noexcept { return upgrade_websocket_; }
+
   /// Where the next body bytes go; after a read, body_left() says how much of the window is
   /// unused. A read that fills the window stops with error::need_buffer.
   void body_window(void* data, std::size_t size) noexcept {
@@ -75,6 +78,7 @@ class relay_response_parser : public bhttp::basic_parser<false> {
   std::string connection_;  // the Connection values seen, comma-joined (names listed are hop-by-hop)
   std::string_view framing_error_;
   unsigned status_ = 0;
+  bool upgrade_websocket_ = false;
   unsigned content_lengths_ = 0;
   unsigned transfer_encodings_ = 0;
   char* body_ = nullptr;

@@ -80,6 +80,12 @@ struct access_entry {
   std::string_view reason;  ///< "" = null
   std::string_view request_id;  ///< "" = null
   int grpc_status = -1;  ///< -1 = null (not a gRPC call)
+  /// A WebSocket tunnel (status 101): the line is written when it ends, with the bytes the client
+  /// sent through it (`bytes` are those the replica sent) and which side ended it first
+  /// ("client", "replica", "timeout", "shutdown"). Written as "tunnel": {...}, else null.
+  bool tunnel = false;
+  std::uint64_t tunnel_bytes_to_replica = 0;
+  std::string_view closed_by;
 };
 
 /// Appends `e` as one JSON object (no newline). Strings are escaped; invalid UTF-8 becomes U+FFFD.

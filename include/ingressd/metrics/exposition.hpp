@@ -39,6 +39,9 @@ struct scrape_input {
   std::uint64_t requests_received = 0;   ///< ingressd_requests_received_total
   std::uint64_t active_connections = 0;  ///< ingressd_active_connections
   std::uint64_t active_streams = 0;      ///< ingressd_active_streams
+  std::uint64_t tunnels = 0;                  ///< ingressd_tunnels
+  std::uint64_t tunnel_bytes_to_replica = 0;  ///< ingressd_tunnel_bytes_total{direction="to_replica"}
+  std::uint64_t tunnel_bytes_to_client = 0;   ///< ingressd_tunnel_bytes_total{direction="to_client"}
   /// The current topology (replica_up and marked_down from its upstream states,
   /// colocated_ratio); may be null.
   const topology::snapshot* topology = nullptr;

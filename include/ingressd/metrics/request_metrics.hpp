@@ -149,6 +149,7 @@ struct app_metrics {
   /// (1 CANCELLED when it reset the call first).
   std::array<counter, grpc::status_count> grpc_status;
   histogram grpc_duration;  ///< ingressd_grpc_request_duration_seconds
+  histogram tunnel_duration;  ///< ingressd_tunnel_duration_seconds: WebSocket tunnels, from 101 to the end
   /// Ray's proxy series (metrics.ray_compatible), HTTP requests and gRPC calls.
   ray_series ray_http;
   ray_series ray_grpc;

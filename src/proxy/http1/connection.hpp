@@ -63,7 +63,8 @@ class connection : public std::enable_shared_from_this<connection>, public conne
  private:
   /// What the connection waits for; a deadline that passes cancels the I/O of that phase.
   /// body_wait: router.body_wait, the longest wait for the body prefix the router is to see.
-  enum class phase : std::uint8_t { none, handshake, head, body, body_wait, connect, first_byte, stream };
+  /// tunnel: a WebSocket tunnel between two moves of bytes (timeout.tunnel).
+  enum class phase : std::uint8_t { none, handshake, head, body, body_wait, connect, first_byte, stream, tunnel };
   using clock = std::chrono::steady_clock;
   // Beast's parsers, minus the field-length throw and trailer merging (http/parse_guards.hpp).
   using request_parser = http::guarded_parser<true, bhttp::buffer_body>;
@@ -201,6 +202,9 @@ class connection : public std::enable_shared_from_this<connection>, public conne
     clock::duration router_latency{};
     bool hedged = false;                       ///< a hedge went out (router.hedge)
     unsigned retries = 0;
+    bool tunnel = false;                       ///< a WebSocket tunnel (bytes: the replica's)
+    std::uint64_t tunnel_bytes_to_replica = 0;
+    std::string_view closed_by;                ///< the side that ended the tunnel first
     // For the access log only (filled when it is on):
     std::string router, router_addr, replica, replica_addr, request_id;
   };

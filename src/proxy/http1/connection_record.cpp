@@ -28,6 +28,9 @@ void connection::begin_request() {
   r.router_latency = {};
   r.hedged = false;
   r.retries = 0;
+  r.tunnel = false;
+  r.tunnel_bytes_to_replica = 0;
+  r.closed_by = {};
   r.router.clear();
   r.router_addr.clear();
   r.replica.clear();
@@ -167,6 +170,9 @@ void connection::finish_request() {
   e.replica = r.replica;
   e.replica_addr = r.replica_addr;
   e.retries = r.retries;
+  e.tunnel = r.tunnel;
+  e.tunnel_bytes_to_replica = r.tunnel_bytes_to_replica;
+  e.closed_by = r.closed_by;
   e.term = term;
   if (r.why) e.reason = to_string(*r.why);
   if (!r.request_id.empty()) e.request_id = r.request_id;

@@ -29,6 +29,8 @@ exchange::exchange(connection& c, std::size_t app_index, std::string target)
   has_body_ = !c_.parser_->is_done();
   chunked_in_ = c_.parser_->chunked();
   close_ = !c_.parser_->keep_alive() || c_.close_after_;
+  // A WebSocket handshake (issue #32) asks for a tunnel; one with a body is served as a plain GET.
+  upgrade_ = !has_body_ && http::websocket_upgrade(req, req.method(), req.version());
   snap_ = w_.snapshot_ptr();
   where_.app = app_index;
   rq_.prebody.clear();
@@ -57,6 +59,10 @@ awaitable<exchange::outcome> exchange::run() {
       co_return result_;
     }
     expect_continue_ = has_body_;
+  }
+  if (upgrade_ && w_.shared().tunnels.load(std::memory_order_relaxed) >= cfg().client.max_tunnels) {
+    co_await answer(reason::tunnel_limit, "client.max_tunnels WebSocket tunnels are open");
+    co_return result_;
   }
 
   if (router_decides()) {
@@ -98,7 +104,8 @@ awaitable<exchange::outcome> exchange::run() {
       if (s == step::again) continue;
       co_return result_;
     }
-    co_await relay_response();
+    if (tunnel_) co_await tunnel();
+    else co_await relay_response();
     co_return result_;
   }
 }
@@ -252,6 +259,12 @@ void exchange::build_request_head() {
                        chunked_in_ ? "chunked" : std::to_string(*c_.parser_->content_length()));
   else if (c_.parser_->content_length())
     http::append_field(head, "Content-Length", "0");
+  if (upgrade_) {
+    // The client's Upgrade and Connection are hop-by-hop: the replica gets ours, which ask for
+    // the same thing (Sec-WebSocket-* went through above as end-to-end fields).
+    http::append_field(head, "Connection", "Upgrade");
+    http::append_field(head, "Upgrade", "websocket");
+  }
   head.append("\r\n");
 }
 
@@ -347,9 +360,15 @@ awaitable<exchange::step> exchange::read_response_head() {
     }
     if (observed_) note_upstream_ok(*ep_);
     const unsigned status = rp.status();
-    // 101: we never ask for upgrades. Framing Beast accepts but that cannot be re-framed
-    // faithfully (repeated Content-Length, a coding other than chunked): 502, the upstream
-    // connection discarded (A15, B6).
+    // 101 turns the connection into a tunnel only when it answers a WebSocket handshake and
+    // switches to websocket (RFC 6455 §4.2.2); any other 101 is a replica switching to what
+    // nobody asked for. Framing Beast accepts but that cannot be re-framed faithfully (repeated
+    // Content-Length, a coding other than chunked): 502, the upstream connection discarded (A15,
+    // B6).
+    if (status == 101 && upgrade_ && rp.upgrade_websocket()) {
+      tunnel_ = true;
+      break;
+    }
     if (status == 101 || (status >= 200 && !rp.framing_error().empty()))
       co_return co_await upstream_failed(reason::upstream_error);
     if (status >= 200) break;
@@ -367,6 +386,14 @@ awaitable<exchange::step> exchange::read_response_head() {
 
 void exchange::finish_response_head() {
   const auto& rp = *rp_;
+  if (tunnel_) {
+    auto& head = rq_.response_head;
+    http::append_field(head, "X-Request-Id", request_id_);
+    http::append_field(head, "Connection", "Upgrade");
+    http::append_field(head, "Upgrade", "websocket");
+    head.append("\r\n");
+    return;
+  }
   const unsigned status = rp.status();
   const bool no_body = head_only_ || status == 204 || status == 304;
   const auto length = rp.content_length();
@@ -388,22 +415,6 @@ void exchange::finish_response_head() {
   head.append("\r\n");
 }
 
-namespace {
-
-/// Before a send that must wait for the client: what is left of a piece moves out of the
-/// worker's shared relay window (`window`, relay_size bytes) into the request's own buffer `own`,
-/// because the window is valid only until the relaying coroutine suspends.
-void move_out_of_window(std::span<asio::const_buffer> pending, const unsigned char* window, unsigned char* own) {
-  for (auto& b : pending) {
-    const auto* p = static_cast<const unsigned char*>(b.data());
-    if (std::less_equal<>()(window, p) && std::less<>()(p, window + relay_size)) {
-      std::memcpy(own, p, b.size());
-      b = asio::buffer(own, b.size());
-    }
-  }
-}
-
-}  // namespace
 
 awaitable<exchange::step> exchange::relay_response() {
   const auto& cfg = this->cfg();
@@ -464,7 +475,7 @@ awaitable<exchange::step> exchange::relay_response() {
     auto pending = piece.buffers();
     error_code ec;
     if (!c_.client([&](auto& s) { return write_now(s, pending, ec); })) {
-      move_out_of_window(pending, window, c_.relay_buffer());
+      move_out_of_window(pending, window, c_.relay_buffer(), relay_size);
       std::tie(ec, std::ignore) =
           co_await c_.client([&](auto& s) { return asio::async_write(s, pending, nothrow); });
     }

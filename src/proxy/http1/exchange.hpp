@@ -73,6 +73,20 @@ class exchange {
   awaitable<step> send_request();
   awaitable<step> read_response_head();
   awaitable<step> relay_response();
+  // The WebSocket tunnel after a 101 (tunnel.cpp, issue #32).
+  awaitable<void> tunnel();
+  /// One direction of the tunnel: bytes from the replica to the client (`to_client`) or back,
+  /// as they arrive, each read written before the next (back-pressure), until an end.
+  awaitable<void> tunnel_pump(bool to_client);
+  enum class tunnel_io : std::uint8_t { data, wait_read, wait_write, eof, error };
+  /// One read that never waits from the client (`from_client`) or the replica.
+  tunnel_io tunnel_read(bool from_client, unsigned char* p, std::size_t n, std::size_t& got);
+  /// Writes `bufs` to the client (`to_client`) or the replica; what must wait moves out of the
+  /// worker's window into `own` first. False on an error.
+  awaitable<bool> tunnel_write(bool to_client, std::span<asio::const_buffer> bufs,
+                               std::unique_ptr<unsigned char[]>& own);
+  /// One side ended the tunnel with an error (or a deadline, or the daemon's stop): both close.
+  void tunnel_broken(std::string_view side);
   /// The forwarded request head, re-framed (contract §4.4), into request_head.
   void build_request_head();
   /// The response head for the client after read_response_head (response_head): the replica's
@@ -217,6 +231,19 @@ class exchange {
   /// registration, so bytes or a FIN that came meanwhile complete it at once.
   bool up_empty_ = false;
   bool chunked_out_ = false;  ///< the response goes to the client chunked (finish_response_head)
+  bool upgrade_ = false;      ///< a WebSocket handshake: a 101 switching to websocket makes a tunnel
+  bool tunnel_ = false;       ///< the replica's 101 came: the connection is a tunnel now
+  /// The tunnel's two directions: bytes carried, a buffer for what a slow side has not taken
+  /// (made on first need: an idle tunnel holds none), and how it ended.
+  struct tunnel_direction {
+    std::uint64_t bytes = 0;
+    std::unique_ptr<unsigned char[]> own;
+  };
+  struct {
+    tunnel_direction to_replica, to_client;
+    std::string_view closed_by;  ///< "client", "replica", "timeout" or "shutdown": the first end
+    bool broken = false;         ///< ended by an error, a deadline or a stop (both sides reset)
+  } tun_;
   outcome result_ = outcome::close;  ///< set by the stage that ended it
 };
 

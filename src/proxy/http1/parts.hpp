@@ -3,7 +3,12 @@
 // beyond connection.hpp and exchange.hpp: limits, fixed messages and small helpers over the topology view.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <functional>
+#include <span>
 #include <string_view>
+
+#include "ingressd/core/asio.hpp"
 
 #include "ingressd/metrics/counter.hpp"
 #include "ingressd/topology/snapshot.hpp"
@@ -26,6 +31,20 @@ inline bool has_healthy_replica(const topology::app_view& v) noexcept {
   for (const auto& r : v.replicas)
     if (r.state->up.load(std::memory_order_relaxed)) return true;
   return false;
+}
+
+/// Before a send that must wait: what is left of a piece moves out of the worker's shared relay
+/// window (`window`, relay_size bytes) into the request's own buffer `own` (relay_size bytes),
+/// because the window is valid only until the relaying coroutine suspends.
+inline void move_out_of_window(std::span<asio::const_buffer> pending, const unsigned char* window, unsigned char* own,
+                               std::size_t window_size) {
+  for (auto& b : pending) {
+    const auto* p = static_cast<const unsigned char*>(b.data());
+    if (std::less_equal<>()(window, p) && std::less<>()(p, window + window_size)) {
+      std::memcpy(own, p, b.size());
+      b = asio::buffer(own, b.size());
+    }
+  }
 }
 
 /// Counts a stream as active while a response body is being relayed.
