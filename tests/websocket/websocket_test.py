@@ -447,6 +447,25 @@ class WebSocketTest(unittest.TestCase):
         self.assertEqual(run(go(), 60), "during")
         d.wait_exit(30)
 
+    def test_replica_leaving_the_topology_keeps_its_tunnels(self):
+        """A replica that leaves the topology (or is marked down) gets no new handshakes, and the
+        tunnels already open to it go on."""
+        r1, r2 = self.replica("r1"), self.replica("r2")
+        d = self.ingressd([r1])
+
+        async def go():
+            async with websockets.connect(self.url(d, "/ws/info"), compression=None) as ws:
+                self.assertEqual(json.loads(await ws.recv())["replica"], "r1")
+                d.write_topology(topology([r2]))
+                d.wait_until("only r2 in the topology", lambda: [
+                    support.replica_key(x) for a in d.topology().get("apps", []) for x in a.get("replicas", [])
+                ] == [r2.key])
+                async with websockets.connect(self.url(d, "/ws/info"), compression=None) as ws2:
+                    self.assertEqual(json.loads(await ws2.recv())["replica"], "r2")
+                await ws.send("still here")
+                return await ws.recv()
+        self.assertEqual(run(go()), "still here")
+
     # --- observability ---------------------------------------------------------------------
     def access_line(self, d, pred):
         def find():

@@ -30,7 +30,8 @@ exchange::exchange(connection& c, std::size_t app_index, std::string target)
   chunked_in_ = c_.parser_->chunked();
   close_ = !c_.parser_->keep_alive() || c_.close_after_;
   // A WebSocket handshake (issue #32) asks for a tunnel; one with a body is served as a plain GET.
-  upgrade_ = !has_body_ && http::websocket_upgrade(req, req.method(), req.version());
+  // (Beast's upgrade() flag first: the fields are scanned only for a request that asks to upgrade.)
+  upgrade_ = !has_body_ && c_.parser_->upgrade() && http::websocket_upgrade(req, req.method(), req.version());
   snap_ = w_.snapshot_ptr();
   where_.app = app_index;
   rq_.prebody.clear();
