@@ -149,9 +149,13 @@ awaitable<void> exchange::tunnel() {
   } else {
     tunnel_broken("client");
   }
-  // Nothing more is parsed on either connection: their read buffers go back now.
+  // Nothing more is parsed on either connection, and no head is built: their buffers go back now
+  // (a tunnel may stay open for hours; what it holds is paid per tunnel).
   up_buf.shrink_to_fit();
   c_.buf_.shrink_to_fit();
+  for (auto* s : {&rq_.client_head, &rq_.request_head, &rq_.response_head, &rq_.router_request, &rq_.hedge_request,
+                  &rq_.prebody})
+    std::string().swap(*s);
   if (ok) co_await (tunnel_pump(false) && tunnel_pump(true));
 
   c_.disarm();
