@@ -66,6 +66,16 @@ void relay_response_parser::on_field_impl(bhttp::field f, boost::beast::string_v
       if (!connection_.empty()) connection_.push_back(',');
       connection_.append(v);
       return;
+    case bhttp::field::content_type: {
+      const auto t = trim_ows(v);
+      auto is = [&](std::string_view type) {
+        return t.size() >= type.size() && iequals(t.substr(0, type.size()), type) &&
+               (t.size() == type.size() || t[type.size()] == ';' || t[type.size()] == ' ');
+      };
+      media_ = is("text/event-stream") ? media::event_stream : is("application/json") ? media::json : media::other;
+      append_field(head_, n, v);
+      return;
+    }
     case bhttp::field::upgrade:
       // Hop-by-hop, so not written to the head: a 101 gets our own Upgrade line (exchange).
       upgrade_websocket_ = upgrade_websocket_ || list_contains(v, "websocket");

@@ -174,6 +174,22 @@ void format_access_entry(std::string& out, const access_entry& e) {
   append_key(out, "grpc_status");
   if (e.grpc_status >= 0) fmt::format_to(std::back_inserter(out), "{}", e.grpc_status);
   else out += "null";
+  // LLM figures: milliseconds with three decimals (µs resolution), null when not measured.
+  auto append_ms = [&](std::string_view key, std::optional<std::chrono::nanoseconds> d) {
+    append_key(out, key);
+    if (d) fmt::format_to(std::back_inserter(out), "{:.3f}", static_cast<double>(d->count()) / 1e6);
+    else out += "null";
+  };
+  auto append_count = [&](std::string_view key, std::optional<std::uint64_t> v) {
+    append_key(out, key);
+    if (v) fmt::format_to(std::back_inserter(out), "{}", *v);
+    else out += "null";
+  };
+  append_ms("ttft_ms", e.ttft);
+  append_count("events", e.ttft ? std::optional<std::uint64_t>(e.events) : std::nullopt);
+  append_ms("max_gap_ms", e.ttft ? std::optional<std::chrono::nanoseconds>(e.max_gap) : std::nullopt);
+  append_count("prompt_tokens", e.prompt_tokens);
+  append_count("completion_tokens", e.completion_tokens);
   append_key(out, "tunnel");
   if (e.tunnel) {
     out += "{\"bytes_to_replica\":";

@@ -37,6 +37,9 @@ struct app_sum {
   std::array<std::uint64_t, grpc::status_count> grpc_status{};
   histogram_data grpc_duration{request_buckets()};
   histogram_data tunnel_duration{request_buckets()};
+  histogram_data llm_ttft{request_buckets()};
+  histogram_data llm_inter_event{router_buckets()};
+  std::uint64_t llm_events = 0, llm_prompt_tokens = 0, llm_completion_tokens = 0;
   std::map<std::string, router_sum> routers;  // by router label
   bool routed = false;  ///< the app has a router pool (now)
   /// Ray's series by (method, status, route kind), and the app's route prefix.
@@ -60,6 +63,11 @@ void add_block(app_sum& s, const app_metrics& b) {
   for (std::size_t i = 0; i < grpc::status_count; ++i) s.grpc_status[i] += b.grpc_status[i].get();
   s.grpc_duration.add(b.grpc_duration);
   s.tunnel_duration.add(b.tunnel_duration);
+  s.llm_ttft.add(b.llm_ttft);
+  s.llm_inter_event.add(b.llm_inter_event);
+  s.llm_events += b.llm_events.get();
+  s.llm_prompt_tokens += b.llm_prompt_tokens.get();
+  s.llm_completion_tokens += b.llm_completion_tokens.get();
   for (const auto& r : b.routers()) {
     auto& a = s.routers[r->label];
     for (std::size_t i = 0; i < attempt_result_count; ++i) a.results[i] += r->results[i].get();
@@ -187,6 +195,36 @@ const family families[] = {
      [](text_writer& w, std::string_view n, const scrape& s) {
        for (const auto& [app, a] : s.apps)
          if (shown(app, a.first_byte)) w.histogram(n, {{"app", app}}, a.first_byte);
+     }},
+    // LLM figures of event-stream responses (issue #34): apps that streamed events only.
+    {"ingressd_llm_ttft_seconds", "histogram",
+     "Event-stream responses: time from the request's first byte to its first server-sent event sent to the "
+     "client (time to first token as the client sees it).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (a.llm_ttft.count() > 0) w.histogram(n, {{"app", app}}, a.llm_ttft);
+     }},
+    {"ingressd_llm_inter_event_seconds", "histogram",
+     "Event-stream responses: gaps between the replica reads that carried server-sent events (token pace; "
+     "events that arrive in one read have no gap between them).",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (a.llm_inter_event.count() > 0) w.histogram(n, {{"app", app}}, a.llm_inter_event);
+     }},
+    {"ingressd_llm_events_total", "counter", "Server-sent events relayed to clients.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (a.llm_events > 0) w.sample(n, {{"app", app}}, a.llm_events);
+     }},
+    {"ingressd_llm_tokens_total", "counter",
+     "Tokens replicas reported in OpenAI-style usage objects (the final chunk of a stream with "
+     "stream_options.include_usage, or a JSON reply), by kind: prompt, completion.",
+     [](text_writer& w, std::string_view n, const scrape& s) {
+       for (const auto& [app, a] : s.apps)
+         if (a.llm_prompt_tokens + a.llm_completion_tokens > 0) {
+           w.sample(n, {{"app", app}, {"kind", "prompt"}}, a.llm_prompt_tokens);
+           w.sample(n, {{"app", app}, {"kind", "completion"}}, a.llm_completion_tokens);
+         }
      }},
     {"ingressd_router_latency_seconds", "histogram",
      "Time of the whole routing decision, failovers included, by outcome (ok or the failure reason).",

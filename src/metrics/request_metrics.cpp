@@ -100,7 +100,9 @@ app_metrics::app_metrics(std::string app_name)
       first_byte(request_buckets()),
       router_latency(router_histograms(std::make_index_sequence<router_outcome_count>{})),
       grpc_duration(request_buckets()),
-      tunnel_duration(request_buckets()) {}
+      tunnel_duration(request_buckets()),
+      llm_ttft(request_buckets()),
+      llm_inter_event(router_buckets()) {}
 
 router_slot* app_metrics::router(std::size_t pool_index, std::string_view key) noexcept {
   if (pool_index < routers_.size() && routers_[pool_index]->key == key) return routers_[pool_index].get();

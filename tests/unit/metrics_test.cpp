@@ -393,6 +393,14 @@ TEST(MetricsRender, MatchesTheGoldenExposition) {
   a[0]->duration.observe(30ms);
   b[0]->duration.observe(2ms);
   a[0]->first_byte.observe(10ms);
+  // An event stream in each worker: the LLM families sum them.
+  a[0]->llm_ttft.observe(40ms);
+  b[0]->llm_ttft.observe(300ms);
+  a[0]->llm_inter_event.observe(20ms);
+  a[0]->llm_events.add(12);
+  b[0]->llm_events.add(3);
+  a[0]->llm_prompt_tokens.add(9);
+  a[0]->llm_completion_tokens.add(11);
   a[0]->router_latency[0].observe(1ms);
   b[0]->router_latency[router_outcome_index(reason::router_non_200)].observe(2ms);
   b[0]->router_failures[router_outcome_index(reason::router_non_200)].add();

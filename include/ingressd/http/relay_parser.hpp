@@ -48,6 +48,10 @@ class relay_response_parser : public bhttp::basic_parser<false> {
   /// would then go out without its coding).
   std::string_view framing_error() const noexcept { return framing_error_; }
 
+  /// What the Content-Type says the body is, for http::llm_meter.
+  enum class media : std::uint8_t { other, event_stream, json };
+  media media_type() const noexcept { return media_; }
+
   /// The response's Upgrade names `websocket` (RFC 6455 §4.2.2: a 101 that switches to it).
   bool upgrade_websocket() const noexcept { return upgrade_websocket_; }
 
@@ -79,6 +83,7 @@ class relay_response_parser : public bhttp::basic_parser<false> {
   std::string_view framing_error_;
   unsigned status_ = 0;
   bool upgrade_websocket_ = false;
+  media media_ = media::other;
   unsigned content_lengths_ = 0;
   unsigned transfer_encodings_ = 0;
   char* body_ = nullptr;

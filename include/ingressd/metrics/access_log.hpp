@@ -86,6 +86,13 @@ struct access_entry {
   bool tunnel = false;
   std::uint64_t tunnel_bytes_to_replica = 0;
   std::string_view closed_by;
+  /// LLM figures (issue #34): for an event-stream response, the time to its first event, the
+  /// events and the longest gap between reads that carried events (ttft_ms, events, max_gap_ms);
+  /// with a usage object, prompt_tokens and completion_tokens. Null when not measured.
+  std::optional<std::chrono::nanoseconds> ttft;
+  std::uint64_t events = 0;
+  std::chrono::nanoseconds max_gap{0};
+  std::optional<std::uint64_t> prompt_tokens, completion_tokens;
 };
 
 /// Appends `e` as one JSON object (no newline). Strings are escaped; invalid UTF-8 becomes U+FFFD.

@@ -150,6 +150,12 @@ struct app_metrics {
   std::array<counter, grpc::status_count> grpc_status;
   histogram grpc_duration;  ///< ingressd_grpc_request_duration_seconds
   histogram tunnel_duration;  ///< ingressd_tunnel_duration_seconds: WebSocket tunnels, from 101 to the end
+  // LLM figures of event-stream responses (issue #34, http::llm_meter).
+  histogram llm_ttft;         ///< ingressd_llm_ttft_seconds: first request byte -> first SSE event out
+  histogram llm_inter_event;  ///< ingressd_llm_inter_event_seconds: between reads that carried events
+  counter llm_events;         ///< ingressd_llm_events_total
+  counter llm_prompt_tokens;      ///< ingressd_llm_tokens_total{kind="prompt"}
+  counter llm_completion_tokens;  ///< ingressd_llm_tokens_total{kind="completion"}
   /// Ray's proxy series (metrics.ray_compatible), HTTP requests and gRPC calls.
   ray_series ray_http;
   ray_series ray_grpc;

@@ -21,6 +21,7 @@
 
 #include "ingressd/core/asio.hpp"
 #include "ingressd/core/reason.hpp"
+#include "ingressd/http/llm_meter.hpp"
 #include "ingressd/http/parse_guards.hpp"
 #include "ingressd/http/validate.hpp"
 #include "ingressd/metrics/access_log.hpp"
@@ -202,6 +203,11 @@ class connection : public std::enable_shared_from_this<connection>, public conne
     clock::duration router_latency{};
     bool hedged = false;                       ///< a hedge went out (router.hedge)
     unsigned retries = 0;
+    // LLM figures of an event-stream or JSON response (http::llm_meter): see access_entry.
+    std::optional<clock::duration> ttft;
+    std::uint64_t events = 0;
+    clock::duration max_gap{};
+    std::optional<http::llm_usage> usage;
     bool tunnel = false;                       ///< a WebSocket tunnel (bytes: the replica's)
     std::uint64_t tunnel_bytes_to_replica = 0;
     std::string_view closed_by;                ///< the side that ended the tunnel first

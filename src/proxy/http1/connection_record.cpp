@@ -28,6 +28,10 @@ void connection::begin_request() {
   r.router_latency = {};
   r.hedged = false;
   r.retries = 0;
+  r.ttft.reset();
+  r.events = 0;
+  r.max_gap = {};
+  r.usage.reset();
   r.tunnel = false;
   r.tunnel_bytes_to_replica = 0;
   r.closed_by = {};
@@ -170,6 +174,15 @@ void connection::finish_request() {
   e.replica = r.replica;
   e.replica_addr = r.replica_addr;
   e.retries = r.retries;
+  if (r.ttft) {
+    e.ttft = std::chrono::duration_cast<std::chrono::nanoseconds>(*r.ttft);
+    e.events = r.events;
+    e.max_gap = std::chrono::duration_cast<std::chrono::nanoseconds>(r.max_gap);
+  }
+  if (r.usage) {
+    e.prompt_tokens = r.usage->prompt;
+    e.completion_tokens = r.usage->completion;
+  }
   e.tunnel = r.tunnel;
   e.tunnel_bytes_to_replica = r.tunnel_bytes_to_replica;
   e.closed_by = r.closed_by;

@@ -399,6 +399,9 @@ void exchange::finish_response_head() {
   const bool no_body = head_only_ || status == 204 || status == 304;
   const auto length = rp.content_length();
   chunked_out_ = !no_body && !length && client_version_ == 11;
+  if (!no_body && status / 100 == 2 && rp.media_type() != http::relay_response_parser::media::other)
+    meter_.emplace(rp.media_type() == http::relay_response_parser::media::event_stream ? http::llm_meter::body::event_stream
+                                                                                     : http::llm_meter::body::json);
   if (!no_body && !length && client_version_ != 11) close_ = true;  // close-delimited for HTTP/1.0
   close_ = close_ || c_.close_after_;
   // response_head holds the status line and the end-to-end fields (relay_response_parser, which
@@ -466,6 +469,7 @@ awaitable<exchange::step> exchange::relay_response() {
         }
       }
       got = relay_size - rp.body_left();
+      if (meter_ && got > 0) note_llm(window, got);
     }
     http::framed_piece piece(chunked_out_);
     if (!head_sent) piece.head(rq_.response_head);
@@ -510,8 +514,35 @@ exchange::piece_read exchange::body_now(error_code& ec) {
   return piece_read::parsed;
 }
 
+void exchange::note_llm(const unsigned char* p, std::size_t n) {
+  const auto events = meter_->feed(p, n);
+  if (events == 0) return;
+  // One clock read per read that carried events, none per event.
+  const auto now = clock::now();
+  auto& rec = rq_.rec;
+  if (!rec.ttft) {
+    rec.ttft = now - rec.start;
+    if (rec.block) rec.block->llm_ttft.observe(*rec.ttft);
+  } else {
+    const auto gap = now - last_event_at_;
+    rec.max_gap = std::max(rec.max_gap, gap);
+    if (rec.block) rec.block->llm_inter_event.observe(gap);
+  }
+  last_event_at_ = now;
+  rec.events += events;
+  if (rec.block) rec.block->llm_events.add(events);
+}
+
 exchange::step exchange::end_relay(bool broken) {
   c_.disarm();
+  if (meter_ && meter_->usage()) {
+    const auto& u = *meter_->usage();
+    rq_.rec.usage = u;
+    if (rq_.rec.block) {
+      rq_.rec.block->llm_prompt_tokens.add(u.prompt);
+      rq_.rec.block->llm_completion_tokens.add(u.completion);
+    }
+  }
   if (broken) {
     // Upstream died or hung mid-stream, or the client left: abort both sides (hardening G1, G3).
     rq_.rec.term = c_.aborted_ ? metrics::termination::shutdown

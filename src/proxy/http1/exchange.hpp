@@ -92,6 +92,8 @@ class exchange {
   /// The response head for the client after read_response_head (response_head): the replica's
   /// end-to-end fields, the request's id, our framing. Sets close_ for what the client gets.
   void finish_response_head();
+  /// Body bytes about to go to the client: the LLM meter's events (TTFT, gaps, counts).
+  void note_llm(const unsigned char* p, std::size_t n);
   /// After the response body: the lease back to the pool (or reset, and the client's connection
   /// too, when the stream broke: `broken`), the outcome for the connection.
   step end_relay(bool broken);
@@ -231,6 +233,9 @@ class exchange {
   /// registration, so bytes or a FIN that came meanwhile complete it at once.
   bool up_empty_ = false;
   bool chunked_out_ = false;  ///< the response goes to the client chunked (finish_response_head)
+  /// An event-stream or JSON 2xx response: what its body says of the LLM work (issue #34).
+  std::optional<http::llm_meter> meter_;
+  clock::time_point last_event_at_;
   bool upgrade_ = false;      ///< a WebSocket handshake: a 101 switching to websocket makes a tunnel
   bool tunnel_ = false;       ///< the replica's 101 came: the connection is a tunnel now
   /// The tunnel's two directions: bytes carried, a buffer for what a slow side has not taken
