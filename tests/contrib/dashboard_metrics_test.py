@@ -6,8 +6,9 @@ a running ingressd exports.
 
 Starts `ingressd --demo` on loopback for its cluster of routers and replicas, and a second ingressd
 that reads the same cluster from a topology file (a real topology source), with HTTPS and gRPC
-listeners; sends it requests on the router path and the plain path, and one gRPC call, so that
-labelled series exist, scrapes its /metrics, and checks every query of every dashboard panel and
+listeners; sends it requests on the router path (a JSON reply with a usage object and an event
+stream) and the plain path, and one gRPC call, so that labelled series exist (the LLM and gRPC
+families among them), scrapes its /metrics, and checks every query of every dashboard panel and
 variable and every recording and alerting rule: each metric name is exported (histograms by their
 _bucket/_sum/_count samples) or recorded by the rules file; each label a selector matches is one
 that metric carries (or `instance`/`job`, which Prometheus adds; a recorded metric carries the
@@ -182,7 +183,13 @@ def main():
             if conn.getresponse().status != 200:
                 raise SystemExit(f"FAIL: GET /v1/models over TLS did not answer 200\n{proxy.output()}")
             conn.close()
-            # The router path (a POST, streamed and not), the plain path and the echo app.
+            # The router path (a POST, streamed and not), the plain path and the echo app. The
+            # ingressd_llm_* families exist only for apps that relayed an event stream or a usage
+            # object: the demo's replicas answer the streamed POST with text/event-stream, events
+            # 20 ms apart (separate reads, so inter-event gaps too), and the other with a JSON
+            # chat.completion that carries usage (prompt and completion tokens). No replica of the
+            # test's own is needed: should the demo stop doing so, the wait for the tokens and the
+            # `needed` samples below fail the test rather than let the LLM panels go unchecked.
             for body in ('{"stream":false}', '{"stream":true}'):
                 status, _ = proxy.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
                 if status != 200:
@@ -200,10 +207,16 @@ def main():
             # it as it closes the stream): wait for the count rather than scrape once.
             counted = re.compile(r'^ingressd_grpc_request_duration_seconds_count\{app="grpc"\} 1$', re.M)
             kit.wait_until(lambda: counted.search(proxy.metrics()), 10, "the gRPC call in /metrics")
+            # Tokens are counted as the relay ends, after the last byte went to the client: wait
+            # for them too.
+            tokens = re.compile(r'^ingressd_llm_tokens_total\{app="llm",kind="completion"\} [1-9]', re.M)
+            kit.wait_until(lambda: tokens.search(proxy.metrics()), 10, "the JSON reply's usage tokens in /metrics")
             scrape = proxy.metrics()
     exported, types = kit.parse_exposition(scrape)
     for needed in ("ingressd_router_attempts_total", "ingressd_replica_in_flight", "process_open_fds",
-                   "ingressd_grpc_requests_total", "ingressd_grpc_connection_errors_total"):
+                   "ingressd_grpc_requests_total", "ingressd_grpc_connection_errors_total",
+                   "ingressd_llm_ttft_seconds_bucket", "ingressd_llm_inter_event_seconds_bucket",
+                   "ingressd_llm_events_total", "ingressd_llm_tokens_total"):
         if needed not in exported:
             fail(f"the scrape has no {needed} sample after the requests: {sorted(exported)}")
     if subprocess.run(["sh", "-c", "command -v promtool"], capture_output=True).returncode == 0:
