@@ -78,9 +78,15 @@ awaitable<void> exchange::tunnel_pump(bool to_client) {
   const std::string_view from = to_client ? "replica" : "client";
   const auto idle = cfg().timeout.tunnel;
   unsigned char* const window = w_.relay_window();
+  // The last read took all the socket held (a short read): the next would most likely fail with
+  // EAGAIN, so wait for readiness first (the response relay's up_empty_ rule; nginx's `ready`
+  // flag). Not for a TLS client, whose library may hold decrypted bytes the socket no longer has.
+  const bool plain = to_client || !c_.tls_;
+  bool drained = false;
   while (!tun_.broken) {
     std::size_t got = 0;
-    const auto r = tunnel_read(!to_client, window, relay_size, got);
+    const auto r = drained ? tunnel_io::wait_read : tunnel_read(!to_client, window, relay_size, got);
+    drained = false;
     if (r == tunnel_io::wait_read || r == tunnel_io::wait_write) {
       const auto what = r == tunnel_io::wait_read ? asio::socket_base::wait_read : asio::socket_base::wait_write;
       error_code ec;
@@ -114,6 +120,7 @@ awaitable<void> exchange::tunnel_pump(bool to_client) {
     }
     dir.bytes += got;
     stat.add(got);
+    drained = plain && got < relay_size;
   }
 }
 
