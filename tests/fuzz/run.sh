@@ -40,17 +40,18 @@ CC=clang CXX=clang++ cmake -S "$root" -B "$build" "${generator[@]}" \
   -DINGRESSD_SANITIZE="" \
   -DINGRESSD_BUILD_TESTS=ON \
   -DINGRESSD_FUZZ=ON >/dev/null
-cmake --build "$build" --target request_fuzz topology_fuzz config_fuzz router_reply_fuzz h2_fuzz -j "$jobs"
+cmake --build "$build" --target request_fuzz topology_fuzz config_fuzz router_reply_fuzz llm_meter_fuzz h2_fuzz -j "$jobs"
 
 mkdir -p "$build/artifacts"
 failed=()
-for t in request topology config router_reply h2; do
+for t in request topology config router_reply llm_meter h2; do
   bin="$build/tests/fuzz/${t}_fuzz"
   work="$build/corpus/$t"
   mkdir -p "$work"
   extra=()
   [ "$t" = request ] && extra=(-dict="$root/tests/fuzz/http.dict")
   [ "$t" = router_reply ] && extra=(-dict="$root/tests/fuzz/json.dict")
+  [ "$t" = llm_meter ] && extra=(-dict="$root/tests/fuzz/json.dict")
   [ "$t" = h2 ] && extra=(-dict="$root/tests/fuzz/h2.dict")
   echo "=== ${t}_fuzz: ${secs}s"
   # `timeout` is a backstop: libFuzzer stops itself after max_total_time, or on a finding.
