@@ -122,10 +122,13 @@ class FakeReplicaTest(unittest.TestCase):
         self.assertTrue(self.r.wait_cancelled("h1"))
 
     def test_hang_deadline(self):
+        # The handler must have started before the deadline passes, or grpc never runs it and no
+        # cancellation is recorded: a deadline long enough for a loaded machine, and a wait for
+        # the start first (a flake seen once under ASan with the whole suite running).
         call = self.ch.unary_unary("/test.Echo/Hang")
-        with self.assertRaises(grpc.RpcError) as cm:
-            call(jdump({"id": "h2"}), timeout=0.5)
-        self.assertEqual(cm.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        fut = call.future(jdump({"id": "h2"}), timeout=3.0)
+        self.assertTrue(self.r.wait_started("h2"))
+        self.assertEqual(fut.exception(timeout=30).code(), grpc.StatusCode.DEADLINE_EXCEEDED)
         self.assertTrue(self.r.wait_cancelled("h2"))
 
     def test_wait_cancelled_unknown_times_out(self):
