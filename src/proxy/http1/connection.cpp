@@ -183,17 +183,23 @@ connection::client_read connection::read_client_now(asio::mutable_buffer room, s
       case tls::stream::io::ok: return client_read::data;
       case tls::stream::io::want_read: return client_read::wait_read;
       case tls::stream::io::want_write: return client_read::wait_write;
-      default: return client_read::gone;
+      case tls::stream::io::eof: return client_read::eof;
+      default: return client_read::error;
     }
   }
+  return read_socket_now(sock_.native_handle(), room, got);
+}
+
+connection::client_read connection::read_socket_now(int fd, asio::mutable_buffer room, std::size_t& got) {
   for (;;) {
-    const auto n = ::recv(sock_.native_handle(), room.data(), room.size(), MSG_DONTWAIT);
+    const auto n = ::recv(fd, room.data(), room.size(), MSG_DONTWAIT);
     if (n > 0) {
       got = static_cast<std::size_t>(n);
       return client_read::data;
     }
-    if (n < 0 && errno == EINTR) continue;
-    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? client_read::wait_read : client_read::gone;
+    if (n == 0) return client_read::eof;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? client_read::wait_read : client_read::error;
   }
 }
 

@@ -163,9 +163,12 @@ class connection : public std::enable_shared_from_this<connection>, public conne
   bool watching() const { return watch_ == watch::on; }
   void arm_watch();
   /// One read from the client that never waits (plain or TLS): bytes into `room` (`got`), or what
-  /// to wait for before the next try, or gone (EOF, reset, a TLS error).
-  enum class client_read : std::uint8_t { data, wait_read, wait_write, gone };
+  /// to wait for before the next try, or the end: `eof` (FIN, a TLS close) or `error` (reset, a TLS
+  /// error). Also the WebSocket tunnel's reads (tunnel.cpp), which pass an EOF on as a half close.
+  enum class client_read : std::uint8_t { data, wait_read, wait_write, eof, error };
   client_read read_client_now(asio::mutable_buffer room, std::size_t& got);
+  /// The same for a plain socket `fd` (the client's, or a tunnel's replica connection).
+  static client_read read_socket_now(int fd, asio::mutable_buffer room, std::size_t& got);
   void on_watch(error_code ec, unsigned gen);
   /// The rest of the request body is in buf_ (or there is none): no client read is needed for it.
   bool body_buffered() const;

@@ -78,13 +78,10 @@ class exchange {
   /// One direction of the tunnel: bytes from the replica to the client (`to_client`) or back,
   /// as they arrive, each read written before the next (back-pressure), until an end.
   awaitable<void> tunnel_pump(bool to_client);
-  enum class tunnel_io : std::uint8_t { data, wait_read, wait_write, eof, error };
-  /// One read that never waits from the client (`from_client`) or the replica.
-  tunnel_io tunnel_read(bool from_client, unsigned char* p, std::size_t n, std::size_t& got);
   /// Writes `bufs` to the client (`to_client`) or the replica; what must wait moves out of the
-  /// worker's window into `own` first. False on an error.
-  awaitable<bool> tunnel_write(bool to_client, std::span<asio::const_buffer> bufs,
-                               std::unique_ptr<unsigned char[]>& own);
+  /// worker's window into the direction's own buffer first. Once written, `carried` bytes (the
+  /// tunnel's own, not a head) are counted to the direction. False on an error.
+  awaitable<bool> tunnel_write(bool to_client, std::span<asio::const_buffer> bufs, std::size_t carried);
   /// One side ended the tunnel with an error (or a deadline, or the daemon's stop): both close.
   void tunnel_broken(std::string_view side);
   /// The forwarded request head, re-framed (contract §4.4), into request_head.

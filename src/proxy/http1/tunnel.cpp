@@ -10,7 +10,6 @@
 // replica (TCP back-pressure), never the worker. An end of stream (FIN) is passed on as one
 // (half close) and that direction stops; an error on either side, timeout.tunnel without a byte
 // either way, or the daemon's stop closes both sides at once.
-#include <sys/socket.h>
 
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <spdlog/spdlog.h>
@@ -21,32 +20,9 @@
 
 namespace ingressd::server {
 
-exchange::tunnel_io exchange::tunnel_read(bool from_client, unsigned char* p, std::size_t n, std::size_t& got) {
-  if (from_client && c_.tls_) {
-    error_code ignored;
-    switch (c_.tls_->read_now(p, n, got, ignored)) {
-      case tls::stream::io::ok: return tunnel_io::data;
-      case tls::stream::io::want_read: return tunnel_io::wait_read;
-      case tls::stream::io::want_write: return tunnel_io::wait_write;
-      case tls::stream::io::eof: return tunnel_io::eof;
-      default: return tunnel_io::error;
-    }
-  }
-  const int fd = from_client ? c_.sock_.native_handle() : lease_->sock.native_handle();
-  for (;;) {
-    const auto r = ::recv(fd, p, n, MSG_DONTWAIT);
-    if (r > 0) {
-      got = static_cast<std::size_t>(r);
-      return tunnel_io::data;
-    }
-    if (r == 0) return tunnel_io::eof;
-    if (errno == EINTR) continue;
-    return errno == EAGAIN || errno == EWOULDBLOCK ? tunnel_io::wait_read : tunnel_io::error;
-  }
-}
-
-awaitable<bool> exchange::tunnel_write(bool to_client, std::span<asio::const_buffer> bufs,
-                                       std::unique_ptr<unsigned char[]>& own) {
+awaitable<bool> exchange::tunnel_write(bool to_client, std::span<asio::const_buffer> bufs, std::size_t carried) {
+  auto& dir = to_client ? tun_.to_client : tun_.to_replica;
+  auto& own = dir.own;
   error_code ec;
   const bool done = to_client ? c_.client([&](auto& s) { return write_now(s, bufs, ec); })
                               : write_now(lease_->sock, bufs, ec);
@@ -58,7 +34,10 @@ awaitable<bool> exchange::tunnel_write(bool to_client, std::span<asio::const_buf
     else
       std::tie(ec, std::ignore) = co_await asio::async_write(lease_->sock, bufs, nothrow);
   }
-  co_return !ec;
+  if (ec) co_return false;
+  dir.bytes += carried;
+  (to_client ? w_.stats().tunnel_bytes_to_client : w_.stats().tunnel_bytes_to_replica).add(carried);
+  co_return true;
 }
 
 void exchange::tunnel_broken(std::string_view side) {
@@ -73,8 +52,7 @@ void exchange::tunnel_broken(std::string_view side) {
 }
 
 awaitable<void> exchange::tunnel_pump(bool to_client) {
-  auto& dir = to_client ? tun_.to_client : tun_.to_replica;
-  auto& stat = to_client ? w_.stats().tunnel_bytes_to_client : w_.stats().tunnel_bytes_to_replica;
+  using read = connection::client_read;
   const std::string_view from = to_client ? "replica" : "client";
   const auto idle = cfg().timeout.tunnel;
   unsigned char* const window = w_.relay_window();
@@ -85,21 +63,24 @@ awaitable<void> exchange::tunnel_pump(bool to_client) {
   bool drained = false;
   while (!tun_.broken) {
     std::size_t got = 0;
-    const auto r = drained ? tunnel_io::wait_read : tunnel_read(!to_client, window, relay_size, got);
+    const asio::mutable_buffer room(window, relay_size);
+    const auto r = drained     ? read::wait_read
+                   : to_client ? connection::read_socket_now(lease_->sock.native_handle(), room, got)
+                               : c_.read_client_now(room, got);
     drained = false;
-    if (r == tunnel_io::wait_read || r == tunnel_io::wait_write) {
-      const auto what = r == tunnel_io::wait_read ? asio::socket_base::wait_read : asio::socket_base::wait_write;
+    if (r == read::wait_read || r == read::wait_write) {
+      const auto what = r == read::wait_read ? asio::socket_base::wait_read : asio::socket_base::wait_write;
       error_code ec;
       if (to_client) std::tie(ec) = co_await lease_->sock.async_wait(what, nothrow);
       else std::tie(ec) = co_await c_.sock_.async_wait(what, nothrow);
       if (ec) tunnel_broken(from);
       continue;
     }
-    if (r == tunnel_io::error) {
+    if (r == read::error) {
       tunnel_broken(from);
       break;
     }
-    if (r == tunnel_io::eof) {
+    if (r == read::eof) {
       // The side that sent FIN is done sending: the other side learns it the same way, and may
       // still answer (a WebSocket close handshake, then its own FIN).
       if (tun_.closed_by.empty()) tun_.closed_by = from;
@@ -114,12 +95,10 @@ awaitable<void> exchange::tunnel_pump(bool to_client) {
     }
     c_.arm(idle, phase::tunnel);
     asio::const_buffer piece = asio::buffer(window, got);
-    if (!(co_await tunnel_write(to_client, {&piece, 1}, dir.own))) {
+    if (!(co_await tunnel_write(to_client, {&piece, 1}, got))) {
       tunnel_broken(to_client ? "client" : "replica");
       break;
     }
-    dir.bytes += got;
-    stat.add(got);
     drained = plain && got < relay_size;
   }
 }
@@ -140,16 +119,12 @@ awaitable<void> exchange::tunnel() {
   // the client sent after its handshake goes to the replica.
   auto& up_buf = lease_->buf;
   std::array<asio::const_buffer, 2> head{asio::buffer(rq_.response_head), up_buf.data()};
-  bool ok = co_await tunnel_write(true, head, tun_.to_client.own);
+  bool ok = co_await tunnel_write(true, head, up_buf.size());
   if (ok) {
-    tun_.to_client.bytes += up_buf.size();
-    w_.stats().tunnel_bytes_to_client.add(up_buf.size());
     up_buf.consume(up_buf.size());
     if (c_.buf_.size() > 0) {
       asio::const_buffer early = c_.buf_.data();
-      ok = co_await tunnel_write(false, {&early, 1}, tun_.to_replica.own);
-      tun_.to_replica.bytes += c_.buf_.size();
-      w_.stats().tunnel_bytes_to_replica.add(c_.buf_.size());
+      ok = co_await tunnel_write(false, {&early, 1}, c_.buf_.size());
       c_.buf_.consume(c_.buf_.size());
     }
     if (!ok) tunnel_broken("replica");
