@@ -168,13 +168,18 @@ void grpc_hub::impl::submit(const call_ptr& c, upstream_link& l) {
   l.calls.emplace(sid, c);
 }
 
-void grpc_hub::impl::respond(const call_ptr& c, bool end_stream) {
+void grpc_hub::impl::respond(const call_ptr& c, bool end_stream, bool informational) {
   if (!c->client) return;
   std::optional<unsigned> status;
   if (end_stream)
     for (const auto& x : c->resp_headers)
       if (x.name == "grpc-status") status = grpc::parse_status(x.value);
-  if (c->state.response_head(false, end_stream, status) == grpc::call_state::head_action::ignore) return;
+  if (c->state.response_head(informational, end_stream, status) == grpc::call_state::head_action::ignore) {
+    // A 1xx head, or one after ingressd answered: nothing of it goes on; the next head starts afresh.
+    c->resp_headers.clear();
+    c->resp_headers_size = 0;
+    return;
+  }
   auto& cl = *c->client;
   std::vector<nghttp2_nv> h;
   h.reserve(c->resp_headers.size());

@@ -79,7 +79,8 @@ struct grpc_hub::impl {
   void dispatch(const grpc_links::call_ptr& c);
   void submit(const grpc_links::call_ptr& c, grpc_links::upstream_link& l);
   void fail(const grpc_links::call_ptr& c, grpc::status st, reason why, std::string_view text);
-  void respond(const grpc_links::call_ptr& c, bool end_stream);
+  /// The replica's response head arrived (`informational`: a 1xx).
+  void respond(const grpc_links::call_ptr& c, bool end_stream, bool informational);
   void finish(const grpc_links::call_ptr& c, std::uint32_t error_code);
   void upstream_gone(const grpc_links::call_ptr& c, std::uint32_t error_code, bool connection_lost,
                      std::string_view why = {});

@@ -670,13 +670,8 @@ int upstream_link::on_frame_recv(nghttp2_session*, const nghttp2_frame* f, void*
     bool informational = false;
     for (const auto& h : c->resp_headers)
       if (h.name == ":status") informational = !h.value.empty() && h.value.front() == '1';
-    if (informational) {
-      c->resp_headers.clear();
-      c->resp_headers_size = 0;
-    } else if (c->target && c->target->state) {
-      c->target->state->errors.store(0, std::memory_order_relaxed);
-    }
-    if (!informational) l.hub_.respond(c, end);
+    if (!informational && c->target && c->target->state) c->target->state->errors.store(0, std::memory_order_relaxed);
+    l.hub_.respond(c, end, informational);
     return 0;
   }
   if ((f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) && end) {
