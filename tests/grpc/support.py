@@ -158,18 +158,23 @@ class FakeReplica:
         ch = getattr(self, "channel", None)
         if ch is not None:
             ch.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        stop_process(self.proc)
+
+
+def stop_process(proc):
+    """Ends a fake's process (SIGTERM, SIGKILL after 10 s) and closes its pipes."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def target(replica, name=None, instance_id="n1"):
@@ -184,6 +189,31 @@ def group(app, targets, protocol="gRPC", route_prefix=None):
 
 def topology(*groups):
     return {"target_groups": list(groups), "fallback_targets": {}}
+
+
+# HTTP apps (the WebSocket and LLM suites): no drain wait, and replicas checked often only while
+# they change state, so that a test's own traffic is all a replica sees once it is up.
+HTTP_APP_CONFIG = """\
+drain:
+  min_period: 0s
+  timeout: 5s
+health:
+  interval: 60s
+  fast_interval: 100ms
+  fall: 2
+  rise: 1
+"""
+
+
+def read_all(sock, timeout=20):
+    """Everything a raw socket receives until the peer closes it."""
+    sock.settimeout(timeout)
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
 
 
 DEFAULT_CONFIG = """\
@@ -289,6 +319,14 @@ class Ingressd:
         tail = "\n".join(self.out.text().splitlines()[-15:])
         return "ingressd %s; last output:\n%s" % (
             "running" if self.proc.poll() is None else "exited with %s" % self.proc.poll(), tail)
+
+    def wait_http_app(self, name, replicas):
+        """Waits until /topology lists the HTTP app `name` with `replicas` replicas, all up."""
+        def ready():
+            apps = {a["name"]: a for a in self.topology().get("apps", [])}
+            listed = apps.get(name, {}).get("replicas", [])
+            return len(listed) == replicas and all(replica_up(r) for r in listed)
+        self.wait_until("the %s app's %d replicas up" % (name, replicas), ready)
 
     def wait_grpc_apps(self, expected, up=None, timeout=15.0, need_listing=False):
         """Waits until /topology lists the gRPC apps {name: [replica keys]} (and, when up is a set

@@ -27,16 +27,6 @@ import support  # noqa: E402
 from support import metric_value  # noqa: E402
 
 NODE = support.THIS_NODE
-CONFIG = """\
-drain:
-  min_period: 0s
-  timeout: 5s
-health:
-  interval: 60s
-  fast_interval: 100ms
-  fall: 2
-  rise: 1
-"""
 
 USAGE = {"prompt_tokens": 17, "completion_tokens": 40, "total_tokens": 57}
 
@@ -138,14 +128,9 @@ class LlmTest(unittest.TestCase):
                                    "targets": [{"ip": NODE, "port": self.r.port, "instance_id": "n1",
                                                 "name": "SERVE_REPLICA::llm#r1"}]}],
                 "fallback_targets": {}}
-        self.d = support.Ingressd(topo, config=CONFIG, access_log=True)
+        self.d = support.Ingressd(topo, config=support.HTTP_APP_CONFIG, access_log=True)
         self.addCleanup(self.d.stop)
-
-        def ready():
-            apps = {a["name"]: a for a in self.d.topology().get("apps", [])}
-            return "llm" in apps and all(support.replica_up(x) for x in apps["llm"].get("replicas", [])) and \
-                apps["llm"].get("replicas")
-        self.d.wait_until("the llm app's replica up", ready)
+        self.d.wait_http_app("llm", 1)
 
     def request(self, path, method="GET"):
         """The client's own figures: the body, its time to first event (from sending the request

@@ -33,16 +33,7 @@ import websockets  # noqa: E402
 
 FAKE = os.path.join(HERE, "..", "fakes", "ws_replica.py")
 NODE = support.THIS_NODE
-CONFIG = """\
-drain:
-  min_period: 0s
-  timeout: 5s
-health:
-  interval: 60s
-  fast_interval: 100ms
-  fall: 2
-  rise: 1
-"""
+CONFIG = support.HTTP_APP_CONFIG
 
 
 class Replica:
@@ -74,18 +65,7 @@ class Replica:
             self.proc.wait(10)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        support.stop_process(self.proc)
 
 
 class Router:
@@ -156,13 +136,7 @@ class WebSocketTest(unittest.TestCase):
     def ingressd(self, replicas, config=CONFIG, routers=None, access_log=False, extra_args=()):
         d = support.Ingressd(topology(replicas, routers), config=config, access_log=access_log, extra_args=extra_args)
         self.addCleanup(d.stop)
-
-        def ready():
-            apps = {a["name"]: a for a in d.topology().get("apps", [])}
-            app = apps.get("ws")
-            return app and all(support.replica_up(r) for r in app.get("replicas", [])) and \
-                len(app.get("replicas", [])) == len(replicas)
-        d.wait_until("the ws app's replicas up", ready)
+        d.wait_http_app("ws", len(replicas))
         return d
 
     def url(self, d, path, scheme="ws", port=None):
@@ -299,12 +273,7 @@ class WebSocketTest(unittest.TestCase):
         s = socket.create_connection((NODE, d.port))
         try:
             s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path).encode())
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
+            data = support.read_all(s)
         finally:
             s.close()
         head, _, body = data.partition(b"\r\n\r\n")
@@ -323,13 +292,7 @@ class WebSocketTest(unittest.TestCase):
         s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
                    "GET /plain?second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path).encode())
-        data = b""
-        s.settimeout(20)
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = support.read_all(s)
         first, _, rest = data.partition(b"\r\n\r\n")
         self.assertTrue(first.startswith(b"HTTP/1.1 %d" % status), data[:300])
         self.assertNotIn(b"upgrade: websocket", first.lower())
@@ -349,13 +312,7 @@ class WebSocketTest(unittest.TestCase):
         self.addCleanup(s.close)
         s.sendall(b"GET /plain HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\n"
                   b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nConnection: close\r\n\r\n")
-        s.settimeout(20)
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = support.read_all(s)
         self.assertTrue(data.startswith(b"HTTP/1.1 200"), data[:200])
         self.assertIn(b"plain r1 /plain", data)
 
