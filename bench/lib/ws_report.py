@@ -14,6 +14,8 @@ import argparse
 import collections
 import statistics
 
+import report  # bench/lib/report.py: the ratio cell every bench table uses
+
 PROXIES = ["direct", "ingressd", "haproxy", "nginx"]
 
 # (scenario, metric, label, format, ratio?, aggregate)
@@ -104,13 +106,7 @@ def main():
         return rs
 
     def ratio_cell(scen, metric, other):
-        rs = per_round_ratios(scen, metric, other)
-        if not rs:
-            return "-"
-        s = "%.2f" % statistics.median(rs)
-        if len(rs) > 1:
-            s += " [%.2f-%.2f]" % (min(rs), max(rs))
-        return s
+        return report.ratio_cell(per_round_ratios(scen, metric, other))
 
     labels = {"direct": "direct", "ingressd": "ingressd", "haproxy": a.hap_label, "nginx": a.ngx_label}
     head = ["row"] + [labels[p] for p in present]
